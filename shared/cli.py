@@ -1,0 +1,104 @@
+"""Developer command line: `python -m shared.cli generate MODEL.gguf "prompt"` (also `skiff ...`).
+
+Prints the continuation as it streams, then the prompt size and the decode speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from shared.engine import Sequence
+from shared.engine.factory import EngineConfig, build_engine
+from shared.sampling import SamplingParams, make_generator
+from shared.tokenizer import ChatTemplate, IncrementalDetokenizer
+
+
+def _generate(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    loaded = build_engine(
+        EngineConfig(
+            model_path=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+        )
+    )
+    tok, engine = loaded.tokenizer, loaded.engine
+    load_s = time.perf_counter() - t0
+    if args.chat:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": args.prompt})
+        text = ChatTemplate.from_metadata(loaded.gguf.metadata).render(messages)
+        ids = tok.encode(text, add_special=False, special=True)
+    else:
+        ids = tok.encode(args.prompt, add_special=True, special=False)
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+    ).validate()
+    seq = Sequence(
+        0,
+        ids,
+        params,
+        args.max_tokens,
+        frozenset(tok.stop_ids),
+        make_generator(args.seed, args.device),
+    )
+    engine.add(seq)
+    detok = IncrementalDetokenizer(tok)
+    t_start = time.perf_counter()
+    t_first = None
+    n_out = 0
+    while engine.has_work():
+        for ev in engine.step():
+            if t_first is None:
+                t_first = time.perf_counter()
+            n_out += 1
+            if ev.finish_reason == "stop":
+                continue
+            sys.stdout.write(detok.push(ev.token_id))
+            sys.stdout.flush()
+    sys.stdout.write(detok.flush() + "\n")
+    t_end = time.perf_counter()
+    decode_s = t_end - (t_first or t_end)
+    rate = (n_out - 1) / decode_s if n_out > 1 and decode_s > 0 else 0.0
+    print(
+        f"[load {load_s:.1f} s | prompt {len(ids)} tokens in {(t_first or t_end) - t_start:.2f} s"
+        f" | {n_out} tokens generated, {rate:.1f} tok/s | finish: {seq.finish_reason}]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="skiff", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate a continuation of a prompt")
+    g.add_argument("model", help="path to a GGUF file")
+    g.add_argument("prompt")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--system", default=None, help="system message (with --chat)")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--max-model-len", type=int, default=4096)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

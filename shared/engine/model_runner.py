@@ -1,0 +1,49 @@
+"""Runs one scheduled step on the device: builds the flat batch, runs the model, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from shared.engine.sequence import Sequence
+from shared.kv import KVPool
+from shared.model import ForwardBatch, SeqChunk
+from shared.model.causal_lm import CausalLM
+from shared.sampling import SampleOutput, Sampler
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv: KVPool, device: torch.device | str) -> None:
+        self.model = model
+        self.kv = kv
+        self.device = torch.device(device)
+        self.sampler = Sampler()
+
+    def run(self, work: list[tuple[Sequence, int]]) -> tuple[list[Sequence], SampleOutput | None]:
+        """`work` lists (sequence, tokens to compute now). Sequences whose pending tokens all
+        run in this step get a sampled token; the returned list names them in row order."""
+        chunks, sampled = [], []
+        for seq, n in work:
+            start = seq.num_computed
+            finishes = start + n == seq.num_tokens
+            chunks.append(
+                SeqChunk(
+                    seq.all_ids[start : start + n],
+                    start,
+                    seq.block_table,
+                    "last" if finishes else "none",
+                )
+            )
+            if finishes:
+                sampled.append(seq)
+        batch = ForwardBatch.build(chunks, self.kv.block_size, self.device)
+        logits = self.model(batch, self.kv)
+        if not sampled:
+            return sampled, None
+        out = self.sampler.sample(
+            logits,
+            [s.params for s in sampled],
+            [s.prompt_ids for s in sampled],
+            [s.output_ids for s in sampled],
+            [s.generator for s in sampled],
+        )
+        return sampled, out

@@ -1,0 +1,55 @@
+"""A request as the engine tracks it: tokens, sampling state, KV blocks and how far it got."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from shared.sampling import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_ids: frozenset[int] = frozenset()
+    generator: torch.Generator | None = None
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens not yet run through the model (a prompt's rest, or the last sampled token)."""
+        return self.num_tokens - self.num_computed
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One new token of one sequence from one engine step."""
+
+    seq_id: int
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] | None
+    finish_reason: str | None  # "stop", "length" or None while running

@@ -1,0 +1,29 @@
+"""The KV cache tensors of one device: per layer K and V as [blocks, block_size, kv_heads, dim]."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    def __init__(
+        self,
+        n_layers: int,
+        num_blocks: int,
+        block_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_blocks, block_size, n_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+
+    @staticmethod
+    def bytes_per_block(
+        n_layers: int, block_size: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return 2 * n_layers * block_size * n_kv_heads * head_dim * dtype.itemsize

@@ -1,0 +1,68 @@
+"""ForwardBatch: the flat token layout one model step runs on (prefill chunks and decodes mixed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One sequence's part of a step: `token_ids` at positions start_pos.. into its blocks."""
+
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    want_logits: str = "last"  # "last", "all" (teacher forcing) or "none" (a non-final chunk)
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: block * block_size + offset of each new token
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    query_start_loc: list[int]  # B + 1
+    seq_lens: list[int]  # B: keys per sequence after this step
+    logits_rows: torch.Tensor  # [N] int64 rows of T whose logits are returned
+
+    @staticmethod
+    def build(chunks: list[SeqChunk], block_size: int, device: torch.device | str) -> ForwardBatch:
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        rows: list[int] = []
+        for c in chunks:
+            n = len(c.token_ids)
+            end = c.start_pos + n
+            if -(-end // block_size) > len(c.block_table):
+                raise ValueError(f"{end} positions need more than {len(c.block_table)} blocks")
+            base = len(ids)
+            ids.extend(c.token_ids)
+            for p in range(c.start_pos, end):
+                pos.append(p)
+                slots.append(c.block_table[p // block_size] * block_size + p % block_size)
+            if c.want_logits == "all":
+                rows.extend(range(base, base + n))
+            elif c.want_logits == "last" and n:
+                rows.append(base + n - 1)
+            starts.append(len(ids))
+            seq_lens.append(end)
+        width = max((len(c.block_table) for c in chunks), default=0)
+        tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
+
+        def t(x: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.tensor(x, dtype=dtype, device=device)
+
+        return ForwardBatch(
+            token_ids=t(ids),
+            positions=t(pos),
+            slot_mapping=t(slots),
+            block_tables=t(tables, torch.int32).reshape(len(chunks), width),
+            query_start_loc=starts,
+            seq_lens=seq_lens,
+            logits_rows=t(rows),
+        )

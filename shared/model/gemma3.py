@@ -1,0 +1,52 @@
+"""Gemma 3: embeddings scaled by sqrt(d), QK-norm, norms after attention and MLP as well as before,
+GELU-tanh gating, and sliding-window layers (5 local : 1 global) with their own RoPE base.
+GGUF stores Gemma's RMSNorm weights already as (1 + w), so they multiply directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from shared.model.batch import ForwardBatch
+from shared.model.causal_lm import CausalLM
+from shared.model.config import ModelConfig
+from shared.model.transformer import Attention, GatedMLP, Rope
+from shared.model.weights import WeightLoader
+from shared.ops.activation import gelu_mul
+from shared.ops.norm import rms_norm
+
+
+class Gemma3Layer(nn.Module):
+    def __init__(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> None:
+        super().__init__()
+        p = f"blk.{layer}"
+        self.eps = cfg.rms_eps
+        self.attn_norm = w.vector(f"{p}.attn_norm.weight", cfg.d_model)
+        self.attn = Attention(cfg, w, layer)
+        self.post_attn_norm = w.vector(f"{p}.post_attention_norm.weight", cfg.d_model)
+        self.ffn_norm = w.vector(f"{p}.ffn_norm.weight", cfg.d_model)
+        self.mlp = GatedMLP(cfg, w, layer, gelu_mul)
+        self.post_ffn_norm = w.vector(f"{p}.post_ffw_norm.weight", cfg.d_model)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        rope: Rope,
+    ) -> torch.Tensor:
+        a = self.attn(rms_norm(x, self.attn_norm, self.eps), batch, kv, rope)
+        h = x + rms_norm(a, self.post_attn_norm, self.eps)
+        m = self.mlp(rms_norm(h, self.ffn_norm, self.eps))
+        return h + rms_norm(m, self.post_ffn_norm, self.eps)
+
+
+class Gemma3ForCausalLM(CausalLM):
+    def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> nn.Module:
+        return Gemma3Layer(cfg, w, layer)
+
+    def embed_scale(self) -> float:
+        return math.sqrt(self.cfg.d_model)

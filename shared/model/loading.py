@@ -1,0 +1,33 @@
+"""Builds the right CausalLM for a GGUF file on a device."""
+
+from __future__ import annotations
+
+import torch
+
+from shared.loader import GGUFFile
+from shared.model.causal_lm import CausalLM
+from shared.model.config import ModelConfig
+from shared.model.gemma3 import Gemma3ForCausalLM
+from shared.model.llama import LlamaForCausalLM
+from shared.model.weights import WeightLoader
+
+ARCHITECTURES: dict[str, type[CausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
+}
+
+
+def load_model(
+    f: GGUFFile,
+    device: torch.device | str = "cpu",
+    compute_dtype: torch.dtype = torch.float32,
+    cache_dequantized: bool | None = None,
+) -> CausalLM:
+    """`cache_dequantized` defaults to True on the CPU, where per-call dequantization dominates."""
+    cfg = ModelConfig.from_gguf(f)
+    if cache_dequantized is None:
+        cache_dequantized = torch.device(device).type == "cpu"
+    w = WeightLoader(f, device, compute_dtype, cache_dequantized)
+    return ARCHITECTURES[cfg.arch](cfg, w).eval()

@@ -1,0 +1,73 @@
+"""Moves GGUF tensors onto the device as model parameters, checking each one's type and shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shared.loader import GGUFError, GGUFFile
+from shared.model.linear import QuantEmbedding, QuantLinear
+from shared.quant import SUPPORTED_TYPES, dequantize
+
+
+class WeightLoader:
+    def __init__(
+        self,
+        f: GGUFFile,
+        device: torch.device | str,
+        compute_dtype: torch.dtype,
+        cache_dequantized: bool,
+    ) -> None:
+        self.f = f
+        self.device = torch.device(device)
+        self.compute_dtype = compute_dtype
+        self.cache_dequantized = cache_dequantized
+
+    def has(self, name: str) -> bool:
+        return name in self.f.tensors
+
+    def _raw(self, name: str, shape: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+        info = self.f.info(name)
+        if info.shape != shape:
+            raise GGUFError(
+                str(self.f.path),
+                f"shape {list(info.shape)} does not match the expected {list(shape)}",
+                name,
+            )
+        if info.qtype not in SUPPORTED_TYPES:
+            raise GGUFError(
+                str(self.f.path), f"tensor type {info.type_name} is not supported", name
+            )
+        data = np.array(self.f.raw(name)).reshape(shape[0] if len(shape) > 1 else 1, -1)
+        return torch.from_numpy(data).to(self.device), info.qtype
+
+    def linear(self, name: str, out_features: int, in_features: int) -> QuantLinear:
+        shape = (out_features, in_features)
+        raw, qtype = self._raw(f"{name}.weight", shape)
+        bias_name = f"{name}.bias"
+        bias = (
+            self.vector(bias_name, out_features).to(self.compute_dtype)
+            if self.has(bias_name)
+            else None
+        )
+        return QuantLinear(raw, qtype, shape, self.compute_dtype, bias, self.cache_dequantized)
+
+    def embedding(self, name: str, vocab: int, dim: int) -> QuantEmbedding:
+        raw, qtype = self._raw(name, (vocab, dim))
+        return QuantEmbedding(raw, qtype, (vocab, dim), self.compute_dtype)
+
+    def vector(self, name: str, dim: int) -> torch.Tensor:
+        """A norm weight or bias, dequantized to float32."""
+        raw, qtype = self._raw(name, (dim,))
+        return dequantize(raw.reshape(-1), qtype, (dim,))
+
+    def tied_lm_head(self, embedding: QuantEmbedding) -> QuantLinear:
+        """The output projection reusing the token embedding's blocks (tied weights)."""
+        return QuantLinear(
+            embedding.raw,
+            embedding.qtype,
+            embedding.shape,
+            self.compute_dtype,
+            None,
+            self.cache_dequantized,
+        )

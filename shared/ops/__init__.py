@@ -1,0 +1,1 @@
+"""Compute ops with a torch reference (the CPU path); Triton kernels join them per op later."""

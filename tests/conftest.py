@@ -1,0 +1,36 @@
+"""Shared fixtures: the real models (fetched by `make models`) and synthetic models (written here,
+quantized by llama.cpp, cached under .models/synthetic)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = Path(os.environ.get("SKIFF_MODELS_DIR", ROOT / ".models"))
+
+
+def _model(env: str, filename: str) -> Path:
+    path = Path(os.environ.get(env) or MODELS / filename)
+    if not path.exists():
+        pytest.skip(f"{path} is missing: run `make models` (or set {env})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return _model("SKIFF_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return _model("SKIFF_GEMMA3", "gemma3-270m-q4_k_m.gguf")
+
+
+@pytest.fixture(scope="session")
+def synthetic_dir() -> Path:
+    d = MODELS / "synthetic"
+    d.mkdir(parents=True, exist_ok=True)
+    return d

@@ -1,0 +1,139 @@
+"""Writes small random-weight GGUF models (llama, qwen2, qwen3, gemma3) for tests and benchmarks.
+
+The vocabulary is SentencePiece-style (`<unk> <s> </s>`, the 256 byte tokens, then filler pieces)
+so llama.cpp loads the file; tests feed token ids directly. Widths default to multiples of 256 so
+every K-quant applies after quantizing with llama.cpp (`quantize_with_llama_cpp`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, TokenType
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    arch: str = "llama"  # llama, qwen2, qwen3, gemma3
+    n_layers: int = 2
+    d_model: int = 256
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 64
+    ffn_dim: int = 512
+    vocab: int = 512
+    context: int = 2048
+    sliding_window: int = 0  # gemma3 only
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.arch}-L{self.n_layers}-d{self.d_model}-h{self.n_heads}x{self.n_kv_heads}"
+            f"-f{self.ffn_dim}-v{self.vocab}-s{self.seed}"
+        )
+
+
+def _vocab(n: int) -> tuple[list[str], list[float], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL] + [TokenType.BYTE] * 256
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    i = 0
+    while len(tokens) < n:
+        a, b = divmod(i, len(letters))
+        tokens.append("▁" + letters[a % 26] + letters[b] + (str(a // 26) if a >= 26 else ""))
+        types.append(TokenType.NORMAL)
+        i += 1
+    scores = [0.0] * 3 + [-1000.0] * 256 + [-float(j) for j in range(n - 259)]
+    return tokens[:n], scores[:n], [int(t) for t in types[:n]]
+
+
+def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
+    rng = np.random.default_rng(spec.seed)
+    path = Path(path)
+    w = GGUFWriter(str(path), spec.arch)
+    a = spec.arch
+    w.add_context_length(spec.context)
+    w.add_embedding_length(spec.d_model)
+    w.add_block_count(spec.n_layers)
+    w.add_feed_forward_length(spec.ffn_dim)
+    w.add_head_count(spec.n_heads)
+    w.add_head_count_kv(spec.n_kv_heads)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_rope_dimension_count(spec.head_dim)
+    w.add_layer_norm_rms_eps(1e-6 if a == "gemma3" else 1e-5)
+    w.add_rope_freq_base(10000.0)
+    if a == "gemma3" and spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
+    w.add_file_type(0)
+    tokens, scores, types = _vocab(spec.vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+    def mat(out: int, inp: int, gain: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((out, inp)) * gain / np.sqrt(inp)).astype(np.float32)
+
+    def norm(dim: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
+
+    d, q, kv = spec.d_model, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    # a large embedding gain makes the next-token distribution peaked, like a trained model's
+    w.add_tensor("token_embd.weight", mat(spec.vocab, d, 4.0 * np.sqrt(d) / 8))
+    for i in range(spec.n_layers):
+        p = f"blk.{i}"
+        w.add_tensor(f"{p}.attn_norm.weight", norm(d))
+        w.add_tensor(f"{p}.attn_q.weight", mat(q, d))
+        w.add_tensor(f"{p}.attn_k.weight", mat(kv, d))
+        w.add_tensor(f"{p}.attn_v.weight", mat(kv, d))
+        w.add_tensor(f"{p}.attn_output.weight", mat(d, q))
+        if a == "qwen2":
+            for n, dim in (("q", q), ("k", kv), ("v", kv)):
+                w.add_tensor(
+                    f"{p}.attn_{n}.bias", (0.1 * rng.standard_normal(dim)).astype(np.float32)
+                )
+        if a in ("qwen3", "gemma3"):
+            w.add_tensor(f"{p}.attn_q_norm.weight", norm(spec.head_dim))
+            w.add_tensor(f"{p}.attn_k_norm.weight", norm(spec.head_dim))
+        if a == "gemma3":
+            w.add_tensor(f"{p}.post_attention_norm.weight", norm(d))
+            w.add_tensor(f"{p}.post_ffw_norm.weight", norm(d))
+        w.add_tensor(f"{p}.ffn_norm.weight", norm(d))
+        w.add_tensor(f"{p}.ffn_gate.weight", mat(spec.ffn_dim, d))
+        w.add_tensor(f"{p}.ffn_up.weight", mat(spec.ffn_dim, d))
+        w.add_tensor(f"{p}.ffn_down.weight", mat(d, spec.ffn_dim))
+    w.add_tensor("output_norm.weight", norm(d))
+    if a != "gemma3":
+        w.add_tensor(
+            "output.weight", mat(spec.vocab, d, 6.0)
+        )  # logit spread of a trained model (std ~6)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def quantize_with_llama_cpp(src: str | Path, dst: str | Path, ftype_name: str) -> Path:
+    """ftype_name like 'Q4_K_M', 'Q6_K', 'Q8_0' (llama.cpp's LLAMA_FTYPE_MOSTLY_<name>)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
+    params.nthread = os.cpu_count() or 2
+    tmp = f"{dst}.part"
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), tmp.encode(), ctypes.byref(params))
+    if rc != 0:
+        Path(tmp).unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp failed to quantize {src} to {ftype_name} (rc={rc})")
+    os.replace(tmp, dst)
+    return Path(dst)

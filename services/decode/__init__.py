@@ -1,0 +1,1 @@
+"""Decode role (continuous-batching decode, CUDA graphs): lands with the service pipeline."""

@@ -1,0 +1,1 @@
+"""Speculation service (n-gram and draft-model proposals): lands with speculative decoding."""

@@ -1,1 +1,1 @@
-"""Gateway role (HTTP, OpenAI API, routing, streaming, /metrics): lands with the service pipeline."""
+"""Gateway role (HTTP, OpenAI API, routing, streaming, metrics): lands with the service pipeline."""

@@ -12,6 +12,20 @@ ROOT = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("SKIFF_MODELS_DIR", ROOT / ".models"))
 
 
+REAL_MODELS = {
+    "SKIFF_SMOLLM2": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "SKIFF_GEMMA3": "gemma3-270m-q4_k_m.gguf",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Every test module finds the real models through these variables; default them to the
+    # files `make models` fetched.
+    for env, filename in REAL_MODELS.items():
+        if not os.environ.get(env) and (MODELS / filename).exists():
+            os.environ[env] = str(MODELS / filename)
+
+
 def _model(env: str, filename: str) -> Path:
     path = Path(os.environ.get(env) or MODELS / filename)
     if not path.exists():

@@ -112,7 +112,10 @@ def test_synthetic_quantized_llama(ftype: str, synthetic_dir: Path) -> None:
 def test_synthetic_architectures_same_graph(spec: SynthSpec, synthetic_dir: Path) -> None:
     path = synthetic(spec, "F32", synthetic_dir)
     ids = random_ids(spec.vocab, 300)
-    got = compare(skiff_logits(path, ids), llama_cpp_logits(path, ids))
+    ref = llama_cpp_logits(path, ids)
+    # a random model that mostly predicts its input token back would make top-1 a weak check
+    assert (ref.argmax(-1) == np.array(ids)).mean() < 0.5
+    got = compare(skiff_logits(path, ids), ref)
     print(f"\nsynthetic {spec.arch}: {got}")
     assert got.top1 >= 0.99
     assert got.mean_abs_diff < 0.01

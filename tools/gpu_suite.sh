@@ -9,14 +9,21 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_MODELS_DIR=$PWD/.device/models
 export SKIFF_CACHE_DIR=/tmp/skiff-cache
+M=.device/models
+[ -f $M/SmolLM2-135M-Instruct.Q4_1.gguf ] && export SKIFF_SMOLLM2=$PWD/$M/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f $M/gemma3-270m-q4_k_m.gguf ] && export SKIFF_GEMMA3=$PWD/$M/gemma3-270m-q4_k_m.gguf
 {
-  date -u; git rev-parse HEAD 2>/dev/null
+  date -u; echo "commit ${SKIFF_COMMIT:-unknown}"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -m gpu -q -s -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.log"
+python3 -m pytest -m gpu -q -s -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.log"
 rc=${PIPESTATUS[0]}
 # Decode speed through the engine on the largest carried synthetic model (informational).
 m=$(ls -S .device/models/synthetic/*.gguf | head -1)
 python3 -m shared.cli generate "$m" "x" --device cuda --max-tokens 64 2>&1 | tail -2 | tee "$OUT/cli.txt"
+if [ -n "${SKIFF_SMOLLM2:-}" ]; then
+  python3 -m shared.cli generate "$SKIFF_SMOLLM2" "What is the capital of France? Answer in one \
+sentence, then explain why it matters." --chat --device cuda --max-tokens 96 2>&1 | tee -a "$OUT/cli.txt"
+fi
 exit $rc

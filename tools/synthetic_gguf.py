@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter, TokenType
 
+WEIGHTS_VERSION = 2  # bump when the random weights' recipe changes (names cached files)
+
 
 @dataclass(frozen=True)
 class SynthSpec:
@@ -28,6 +30,7 @@ class SynthSpec:
     vocab: int = 512
     context: int = 2048
     sliding_window: int = 0  # gemma3 only
+    untied: bool = True  # gemma3 ties its output to the embedding only when False
     seed: int = 0
 
     @property
@@ -87,8 +90,13 @@ def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
         return (1.0 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
 
     d, q, kv = spec.d_model, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
-    # a large embedding gain makes the next-token distribution peaked, like a trained model's
-    w.add_tensor("token_embd.weight", mat(spec.vocab, d, 4.0 * np.sqrt(d) / 8))
+    if a == "gemma3":
+        # Gemma multiplies embeddings by sqrt(d); with random weights and a tied output the input
+        # token would predict itself, so tests use an untied output and strong post-norms.
+        w.add_tensor("token_embd.weight", mat(spec.vocab, d, 0.25 * np.sqrt(d)))
+    else:
+        # a large embedding gain makes the next-token distribution peaked, like a trained model's
+        w.add_tensor("token_embd.weight", mat(spec.vocab, d, 4.0 * np.sqrt(d) / 8))
     for i in range(spec.n_layers):
         p = f"blk.{i}"
         w.add_tensor(f"{p}.attn_norm.weight", norm(d))
@@ -105,17 +113,16 @@ def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
             w.add_tensor(f"{p}.attn_q_norm.weight", norm(spec.head_dim))
             w.add_tensor(f"{p}.attn_k_norm.weight", norm(spec.head_dim))
         if a == "gemma3":
-            w.add_tensor(f"{p}.post_attention_norm.weight", norm(d))
-            w.add_tensor(f"{p}.post_ffw_norm.weight", norm(d))
+            w.add_tensor(f"{p}.post_attention_norm.weight", 4.0 * norm(d))
+            w.add_tensor(f"{p}.post_ffw_norm.weight", 4.0 * norm(d))
         w.add_tensor(f"{p}.ffn_norm.weight", norm(d))
         w.add_tensor(f"{p}.ffn_gate.weight", mat(spec.ffn_dim, d))
         w.add_tensor(f"{p}.ffn_up.weight", mat(spec.ffn_dim, d))
         w.add_tensor(f"{p}.ffn_down.weight", mat(d, spec.ffn_dim))
     w.add_tensor("output_norm.weight", norm(d))
-    if a != "gemma3":
-        w.add_tensor(
-            "output.weight", mat(spec.vocab, d, 6.0)
-        )  # logit spread of a trained model (std ~6)
+    if a != "gemma3" or spec.untied:
+        # a gain of 6 gives the logit spread of a trained model (std ~6)
+        w.add_tensor("output.weight", mat(spec.vocab, d, 6.0))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -51,9 +51,26 @@ def expected_nbytes(qtype: int, shape: tuple[int, ...], path: str, name: str) ->
     return int(np.prod(shape, dtype=np.int64)) // block * type_size
 
 
+class _HeaderReader(GGUFReader):
+    """GGUFReader that records the tensor table without mapping any tensor data, so a truncated
+    file reaches GGUFFile's per-tensor bounds check instead of failing inside numpy."""
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        self.tensor_table: list[list] = []
+        seen: set[str] = set()
+        for field in fields:
+            _len, name_data, _n_dims, dims, raw_dtype, offset = field.parts
+            name = bytes(name_data).decode("utf-8")
+            if name in seen:
+                raise ValueError(f"duplicated tensor name '{name}'")
+            seen.add(name)
+            shape = [int(d) for d in reversed(dims.tolist())]
+            self.tensor_table.append([name, int(raw_dtype[0]), shape, start_offs + int(offset[0])])
+
+
 def _parse_header(path: Path) -> dict[str, Any]:
     try:
-        reader = GGUFReader(path)
+        reader = _HeaderReader(path)
     except Exception as exc:  # the gguf package raises bare ValueError/IndexError on bad input
         raise GGUFError(str(path), f"cannot parse the GGUF header: {exc}") from exc
     metadata = {}
@@ -62,11 +79,7 @@ def _parse_header(path: Path) -> dict[str, Any]:
             continue
         value = field.contents()
         metadata[key] = value.tolist() if isinstance(value, np.ndarray) else value
-    tensors = [
-        [t.name, int(t.tensor_type), [int(d) for d in reversed(t.shape)], int(t.data_offset)]
-        for t in reader.tensors
-    ]
-    return {"metadata": metadata, "tensors": tensors}
+    return {"metadata": metadata, "tensors": reader.tensor_table}
 
 
 class GGUFFile:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter, TokenType
 
-WEIGHTS_VERSION = 2  # bump when the random weights' recipe changes (names cached files)
+WEIGHTS_VERSION = 3  # bump when the random weights' recipe changes (names cached files)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class SynthSpec:
     def name(self) -> str:
         return (
             f"{self.arch}-L{self.n_layers}-d{self.d_model}-h{self.n_heads}x{self.n_kv_heads}"
-            f"-f{self.ffn_dim}-v{self.vocab}-s{self.seed}"
+            f"-f{self.ffn_dim}-v{self.vocab}-s{self.seed}-w{WEIGHTS_VERSION}"
+            + ("" if self.untied else "-tied")
         )
 
 

@@ -61,9 +61,11 @@ def test_gpu_logits_match_cpu(cuda: str, synthetic_dir: Path) -> None:
 def test_gpu_real_model_matches_cpu(cuda: str, which: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(f"{which}_path")
     ids = _ids(300, vocab=40000, seed=2)
-    got = compare(skiff_logits(path, ids, cuda), skiff_logits(path, ids, "cpu"))
-    print(f"\n{which} cuda fp32 vs cpu: {got}")
-    assert got.top1 >= 0.99 and got.mean_abs_diff < 0.01
+    cpu = skiff_logits(path, ids, "cpu")
+    got = compare(skiff_logits(path, ids, cuda), cpu)
+    print(f"\n{which} cuda fp32 vs cpu: {got}, cpu logit std {cpu.std():.2f}")
+    # fp32 summation order differs between the devices: allow 0.3 % of the logits' spread
+    assert got.top1 >= 0.99 and got.mean_abs_diff < 0.003 * cpu.std()
 
 
 def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:

@@ -21,8 +21,9 @@ class EngineConfig:
     dtype: str = "float32"  # activations and KV: float32, float16 or bfloat16
     block_size: int = 16
     max_model_len: int = 0  # 0 = the model's context length, capped at 8192
-    kv_blocks: int = 0  # 0 = enough for max_seqs_kv full-length sequences
-    max_seqs_kv: int = 4
+    kv_blocks: int = 0  # 0 = sized from kv_cpu_bytes (CPU) or kv_gpu_fraction of free memory
+    kv_cpu_bytes: int = 512 << 20
+    kv_gpu_fraction: float = 0.5
     max_batch_tokens: int = 2048
     cache_dequantized: bool | None = None  # None = yes on CPU
 
@@ -34,13 +35,26 @@ class LoadedEngine:
     gguf: GGUFFile
 
 
+def _default_kv_blocks(cfg: EngineConfig, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+    per_block = KVPool.bytes_per_block(
+        n_layers, cfg.block_size, n_kv_heads, head_dim, getattr(torch, cfg.dtype)
+    )
+    device = torch.device(cfg.device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = int(free * cfg.kv_gpu_fraction)
+    else:
+        budget = cfg.kv_cpu_bytes
+    return max(1, budget // per_block)
+
+
 def build_engine(cfg: EngineConfig) -> LoadedEngine:
     f = GGUFFile(cfg.model_path)
     dtype = getattr(torch, cfg.dtype)
     model = load_model(f, cfg.device, dtype, cfg.cache_dequantized)
     mc = model.cfg
     max_len = cfg.max_model_len or min(mc.context_length, 8192)
-    num_blocks = cfg.kv_blocks or cfg.max_seqs_kv * -(-max_len // cfg.block_size)
+    num_blocks = cfg.kv_blocks or _default_kv_blocks(cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim)
     kv = KVPool(
         mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, dtype, cfg.device
     )

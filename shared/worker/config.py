@@ -1,0 +1,66 @@
+"""WorkerConfig: one typed object built once from flags and environment, then passed in."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass
+
+ROLES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model: str
+    device: str = "cpu"
+    gateway: str = "tcp://127.0.0.1:5555"
+    gateway_tokens: str = "tcp://127.0.0.1:5556"
+    roles: tuple[str, ...] = ROLES
+    dtype: str = "float32"
+    block_size: int = 16
+    kv_blocks: int = 0  # 0: sized from the device (see shared.engine.factory)
+    max_model_len: int = 0  # 0: the model's context, capped
+    max_batch_tokens: int = 2048
+    worker_id: str = ""
+
+    def resolved_id(self) -> str:
+        return self.worker_id or f"{socket.gethostname()}-{self.device}-{os.getpid()}"
+
+
+def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
+    env = os.environ.get
+    p = argparse.ArgumentParser(description=role_help)
+    p.add_argument("--model", default=env("SKIFF_MODEL"), help="GGUF file (env SKIFF_MODEL)")
+    p.add_argument("--device", default=env("SKIFF_DEVICE", "cpu"), help="cpu or cuda:N")
+    p.add_argument(
+        "--gateway",
+        default=env("SKIFF_GATEWAY", WorkerConfig.gateway),
+        help="the gateway's control socket (env SKIFF_GATEWAY)",
+    )
+    p.add_argument(
+        "--gateway-tokens",
+        default=env("SKIFF_GATEWAY_TOKENS", WorkerConfig.gateway_tokens),
+        help="the gateway's token socket (env SKIFF_GATEWAY_TOKENS)",
+    )
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks (0: size from memory)")
+    p.add_argument("--max-model-len", type=int, default=0, help="context limit (0: the model's)")
+    p.add_argument("--max-batch-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
+    a = p.parse_args(argv)
+    if not a.model:
+        p.error("--model (or SKIFF_MODEL) is required")
+    return WorkerConfig(
+        model=a.model,
+        device=a.device,
+        gateway=a.gateway,
+        gateway_tokens=a.gateway_tokens,
+        dtype=a.dtype,
+        block_size=a.block_size,
+        kv_blocks=a.kv_blocks,
+        max_model_len=a.max_model_len,
+        max_batch_tokens=a.max_batch_tokens,
+        worker_id=a.worker_id,
+    )

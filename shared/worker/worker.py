@@ -1,0 +1,218 @@
+"""The worker's main loop: requests in, one engine step at a time, one token message per step out.
+
+The loop never waits on the network: requests arrive through the control thread's queue, and
+the step's tokens leave on a PUSH socket this thread owns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import signal
+import sys
+import threading
+import traceback
+
+import zmq
+
+from shared.engine import Sequence, TokenEvent
+from shared.engine.factory import EngineConfig, LoadedEngine, build_engine
+from shared.protocol import (
+    Abort,
+    Generate,
+    Heartbeat,
+    Rejected,
+    StepTokens,
+    TokenOut,
+    WorkerReady,
+    encoder,
+)
+from shared.sampling import SamplingParams, make_generator
+from shared.worker.config import WorkerConfig
+from shared.worker.control import ControlChannel
+
+IDLE_WAIT_S = 0.05
+
+
+def log(worker_id: str, msg: str) -> None:
+    print(f"worker {worker_id}: {msg}", file=sys.stderr, flush=True)
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU ({os.cpu_count()} cores)"
+
+
+class WorkerLoop:
+    def __init__(
+        self,
+        worker_id: str,
+        loaded: LoadedEngine,
+        control: ControlChannel,
+        tokens: zmq.Socket,
+        device: str,
+    ) -> None:
+        self.worker_id = worker_id
+        self.engine = loaded.engine
+        self.control = control
+        self.tokens = tokens
+        self.device = device
+        self.stopped = threading.Event()
+        self._enc = encoder()
+        self._ids = itertools.count()
+        self._seq_of: dict[str, int] = {}
+        self._request_of: dict[int, str] = {}
+
+    def heartbeat(self) -> Heartbeat:
+        alloc = self.engine.allocator
+        return Heartbeat(
+            self.worker_id,
+            alloc.num_blocks - alloc.num_free,
+            alloc.num_free,
+            len(self.engine.running),
+            len(self.engine.waiting),
+        )
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            self._drain(0.0 if self.engine.has_work() else IDLE_WAIT_S)
+            if self.engine.has_work():
+                self._step()
+
+    def _drain(self, wait: float) -> None:
+        try:
+            msg = self.control.inbox.get(timeout=wait) if wait else self.control.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(msg, Generate):
+                self._admit(msg)
+            elif isinstance(msg, Abort):
+                self._abort(msg.request_id)
+            try:
+                msg = self.control.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _admit(self, req: Generate) -> None:
+        s = req.sampling
+        try:
+            params = SamplingParams(
+                temperature=s.temperature,
+                top_k=s.top_k,
+                top_p=s.top_p,
+                min_p=s.min_p,
+                repetition_penalty=s.repetition_penalty,
+                presence_penalty=s.presence_penalty,
+                frequency_penalty=s.frequency_penalty,
+                seed=s.seed,
+                logprobs=s.logprobs,
+            ).validate()
+            if req.max_tokens < 1:
+                raise ValueError(f"max_tokens must be at least 1, got {req.max_tokens}")
+            seq_id = next(self._ids)
+            seq = Sequence(
+                seq_id,
+                list(req.prompt_ids),
+                params,
+                req.max_tokens,
+                frozenset(req.stop_ids),
+                make_generator(s.seed, self.device),
+            )
+            self.engine.add(seq)
+        except ValueError as exc:
+            self.control.send(Rejected(req.request_id, 400, str(exc)))
+            return
+        self._seq_of[req.request_id] = seq_id
+        self._request_of[seq_id] = req.request_id
+
+    def _abort(self, request_id: str) -> None:
+        seq_id = self._seq_of.pop(request_id, None)
+        if seq_id is not None:
+            self._request_of.pop(seq_id, None)
+            self.engine.abort(seq_id)
+
+    def _step(self) -> None:
+        try:
+            events = self.engine.step()
+        except Exception as exc:  # a failed step fails its requests, never the worker
+            traceback.print_exc()
+            self._fail_all(f"the worker's engine step failed: {exc}")
+            return
+        if events:
+            out = [self._token_out(ev) for ev in events if ev.seq_id in self._request_of]
+            self.tokens.send(self._enc.encode(StepTokens(self.worker_id, out)))
+
+    def _token_out(self, ev: TokenEvent) -> TokenOut:
+        rid = self._request_of[ev.seq_id]
+        if ev.finish_reason is not None:
+            self._request_of.pop(ev.seq_id)
+            self._seq_of.pop(rid, None)
+        top_ids = top_lps = None
+        if ev.top is not None:
+            top_ids = [t for t, _ in ev.top]
+            top_lps = [lp for _, lp in ev.top]
+        return TokenOut(rid, ev.token_id, ev.logprob, top_ids, top_lps, ev.finish_reason)
+
+    def _fail_all(self, message: str) -> None:
+        for seq_id, rid in list(self._request_of.items()):
+            self.engine.abort(seq_id)
+            self.control.send(Rejected(rid, 500, message))
+        self._request_of.clear()
+        self._seq_of.clear()
+
+
+def run_worker(cfg: WorkerConfig) -> int:
+    wid = cfg.resolved_id()
+    log(wid, f"loading {cfg.model} on {cfg.device} ({cfg.dtype})")
+    loaded = build_engine(
+        EngineConfig(
+            model_path=cfg.model,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            block_size=cfg.block_size,
+            max_model_len=cfg.max_model_len,
+            kv_blocks=cfg.kv_blocks,
+            max_batch_tokens=cfg.max_batch_tokens,
+        )
+    )
+    engine = loaded.engine
+    ready = WorkerReady(
+        worker_id=wid,
+        device=cfg.device,
+        device_name=device_name(cfg.device),
+        roles=list(cfg.roles),
+        model=os.path.basename(cfg.model),
+        kv_blocks_total=engine.allocator.num_blocks,
+        block_size=cfg.block_size,
+        max_model_len=engine.max_model_len,
+        pid=os.getpid(),
+    )
+    ctx = zmq.Context()
+    tokens = ctx.socket(zmq.PUSH)
+    tokens.setsockopt(zmq.LINGER, 0)
+    tokens.connect(cfg.gateway_tokens)
+    holder: list[WorkerLoop] = []
+    control = ControlChannel(ctx, cfg.gateway, ready, lambda: holder[0].heartbeat())
+    loop = WorkerLoop(wid, loaded, control, tokens, cfg.device)
+    holder.append(loop)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: loop.stopped.set())
+    control.start()
+    log(
+        wid,
+        f"ready: {ready.kv_blocks_total} KV blocks of {cfg.block_size} tokens, "
+        f"context {ready.max_model_len}, gateway {cfg.gateway}",
+    )
+    try:
+        loop.run()
+    finally:
+        control.stop()
+        tokens.close(linger=0)
+        ctx.term()
+    log(wid, "stopped")
+    return 0

@@ -1,0 +1,85 @@
+"""Every wire message survives a round trip; the protocol module imports no runtime code."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import msgspec
+import pytest
+
+import shared.protocol as P
+
+SAMPLES = [
+    P.Generate("r1", [1, 2, 3], 16),
+    P.Generate("r2", [5] * 300, 4096, P.Sampling(0.0, 40, 0.9, 0.05, 1.1, 0.5, -0.5, 7, 5), [2, 7]),
+    P.Abort("r1"),
+    P.WorkerReady(
+        "w1", "cuda:0", "NVIDIA H200", ["prefill", "decode"], "m.gguf", 1000, 16, 8192, 1234
+    ),
+    P.Heartbeat("w1", 10, 990, 3, 1),
+    P.Rejected("r3", 400, "too long"),
+    P.StepTokens(
+        "w1", [P.TokenOut("r1", 42), P.TokenOut("r2", 7, -0.25, [7, 8], [-0.25, -2.0], "length")]
+    ),
+    P.StepTokens("w1", []),
+]
+
+
+def direction(msg: object) -> object:
+    if isinstance(msg, P.Generate | P.Abort):
+        return P.GatewayToWorker
+    if isinstance(msg, P.StepTokens):
+        return P.WorkerTokens
+    return P.WorkerToGateway
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg: object) -> None:
+    frame = P.encoder().encode(msg)
+    assert isinstance(frame, bytes)
+    assert P.decoder(direction(msg)).decode(frame) == msg
+
+
+def test_every_message_has_a_sample() -> None:
+    assert {type(m) for m in SAMPLES} == set(P.ALL_MESSAGES)
+
+
+def test_tags_are_unique_and_directions_are_disjoint() -> None:
+    tags = [m.__struct_config__.tag for m in P.ALL_MESSAGES]
+    assert len(tags) == len(set(tags))
+    frame = P.encoder().encode(P.Abort("x"))
+    with pytest.raises(msgspec.ValidationError):
+        P.decoder(P.WorkerToGateway).decode(frame)
+
+
+def test_malformed_frames_raise_decode_errors() -> None:
+    with pytest.raises(msgspec.DecodeError):
+        P.decoder(P.GatewayToWorker).decode(b"\x00garbage")
+    bad = P.encoder().encode(["gen", "r1", "not a list", 3])
+    with pytest.raises(msgspec.ValidationError):
+        P.decoder(P.GatewayToWorker).decode(bad)
+
+
+def test_protocol_imports_no_runtime_code() -> None:
+    tree = ast.parse(inspect.getsource(P))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported <= {"__future__", "typing", "msgspec"}, imported
+
+
+def test_no_pickle_anywhere_in_the_code() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    offenders = [
+        str(p.relative_to(root))
+        for folder in ("shared", "services")
+        for p in (root / folder).rglob("*.py")
+        if "import pickle" in p.read_text() or "send_pyobj" in p.read_text()
+    ]
+    assert offenders == []

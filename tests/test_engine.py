@@ -9,7 +9,7 @@ import torch
 
 from shared.engine import LLMEngine, SeqStatus, Sequence, TokenEvent
 from shared.engine.model_runner import ModelRunner
-from shared.kv import BlockAllocator, KVPool
+from shared.kv import BlockManager, KVPool
 from shared.loader import GGUFFile
 from shared.model import ForwardBatch, SeqChunk, load_model
 from shared.model.causal_lm import CausalLM
@@ -76,7 +76,10 @@ def make_engine(
     )
     runner = ModelRunner(model, kv, "cpu")
     return LLMEngine(
-        runner, BlockAllocator(num_blocks), max_model_len, max_batch_tokens=max_batch_tokens
+        runner,
+        BlockManager(num_blocks, block_size),
+        max_model_len,
+        max_batch_tokens=max_batch_tokens,
     )
 
 
@@ -226,8 +229,8 @@ def test_batching_invariance(model: CausalLM) -> None:
     prefilling = [any(st < plen[i] for i, st, _ in w) for w in steps]
     mixed = [w for w, d, p in zip(steps, decoding, prefilling, strict=True) if d and p]
     assert mixed, "no step ran decodes together with a prompt chunk"
-    assert engine.allocator.num_free == engine.allocator.num_blocks
-    engine.allocator.check_integrity()
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+    engine.check_integrity()
 
 
 @pytest.mark.parametrize("sampling", ["greedy", "seeded"])
@@ -254,14 +257,6 @@ def test_preemption_keeps_outputs(llama: CausalLM, sampling: str) -> None:
     assert sum(-(-(len(p) + max_tokens) // block_size) for p in prompts) > 2 * num_blocks
 
     engine = make_engine(llama, num_blocks=num_blocks, block_size=block_size, max_batch_tokens=32)
-    preempted: list[int] = []
-    preempt = engine._preempt
-
-    def recording_preempt(seq: Sequence) -> None:
-        preempted.append(seq.seq_id)
-        preempt(seq)
-
-    engine._preempt = recording_preempt
     seqs = [make_seq(i) for i in range(len(prompts))]
     for s in seqs:
         engine.add(s)
@@ -271,17 +266,17 @@ def test_preemption_keeps_outputs(llama: CausalLM, sampling: str) -> None:
             break
         events += engine.step()
         used = sum(len(s.block_table) for s in seqs)
-        assert used + engine.allocator.num_free == num_blocks
-        engine.allocator.check_integrity()
+        assert used + engine.blocks.num_free == num_blocks
+        engine.check_integrity()
     else:
         pytest.fail("the engine made no progress")
 
-    assert len(preempted) >= 2, "the scenario hardly preempted"
+    assert sum(s.num_preemptions for s in seqs) >= 2, "the scenario hardly preempted"
     assert [s.output_ids for s in seqs] == alone
     assert tokens_by_seq(events) == dict(enumerate(alone))  # no token emitted twice or lost
     assert all(s.finish_reason == "length" and s.block_table == [] for s in seqs)
-    assert engine.allocator.num_free == num_blocks
-    engine.allocator.check_integrity()
+    assert engine.blocks.num_free == num_blocks
+    engine.check_integrity()
 
 
 # -- request lifecycle ---------------------------------------------------------------------------
@@ -299,12 +294,12 @@ def test_abort_frees_blocks(llama: CausalLM) -> None:
     assert a.status is SeqStatus.RUNNING and len(a.output_ids) == 3
     held = len(a.block_table)
     assert held == 4  # 13 + 2 computed tokens (and 1 pending) in blocks of 4
-    free_before = engine.allocator.num_free
+    free_before = engine.blocks.num_free
 
     assert engine.abort(1) is True
     assert a.status is SeqStatus.FINISHED and a.finish_reason == "abort"
     assert a.block_table == []
-    assert engine.allocator.num_free == free_before + held
+    assert engine.blocks.num_free == free_before + held
     assert a not in engine.running
     assert engine.abort(1) is False  # already gone
     assert engine.abort(99) is False
@@ -317,8 +312,8 @@ def test_abort_frees_blocks(llama: CausalLM) -> None:
     assert {e.seq_id for e in events} == {2}
     assert b.finish_reason == "length" and len(b.output_ids) == 20
     assert len(a.output_ids) == 3 and c.output_ids == []
-    assert engine.allocator.num_free == engine.allocator.num_blocks
-    engine.allocator.check_integrity()
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+    engine.check_integrity()
 
 
 def test_max_tokens_finishes_with_length(llama: CausalLM) -> None:
@@ -347,7 +342,7 @@ def test_stop_id_finishes_with_stop(llama: CausalLM) -> None:
     assert seq.finish_reason == "stop"
     assert events[-1].finish_reason == "stop" and events[-1].token_id == ref[k]
     assert all(e.finish_reason is None for e in events[:-1])
-    assert engine.allocator.num_free == engine.allocator.num_blocks
+    assert engine.blocks.num_free == engine.blocks.num_blocks
 
 
 def test_stop_beats_length_on_the_last_token(llama: CausalLM) -> None:

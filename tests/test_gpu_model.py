@@ -72,7 +72,7 @@ def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:
     from shared.engine import Sequence
     from shared.engine.engine import LLMEngine
     from shared.engine.model_runner import ModelRunner
-    from shared.kv import BlockAllocator, KVPool
+    from shared.kv import BlockManager, KVPool
     from shared.loader import GGUFFile
     from shared.model import load_model
     from shared.sampling import SamplingParams
@@ -83,14 +83,14 @@ def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:
         model = load_model(GGUFFile(path), device)
         cfg = model.cfg
         kv = KVPool(cfg.n_layers, 64, 16, cfg.n_kv_heads, cfg.head_dim, torch.float32, device)
-        engine = LLMEngine(ModelRunner(model, kv, device), BlockAllocator(64), 1024, 64)
+        engine = LLMEngine(ModelRunner(model, kv, device), BlockManager(64, 16), 1024, 64)
         for i, n in enumerate((5, 17, 40, 90)):
             engine.add(Sequence(i, _ids(n, seed=i), SamplingParams(temperature=0), 16))
         out: dict[int, list[int]] = {i: [] for i in range(4)}
         while engine.has_work():
             for ev in engine.step():
                 out[ev.seq_id].append(ev.token_id)
-        assert engine.allocator.num_free == 64
+        assert engine.blocks.num_free == 64
         return [out[i] for i in range(4)]
 
     assert generate(cuda) == generate("cpu")

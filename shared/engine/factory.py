@@ -8,7 +8,7 @@ import torch
 
 from shared.engine.engine import LLMEngine
 from shared.engine.model_runner import ModelRunner
-from shared.kv import BlockAllocator, KVPool
+from shared.kv import BlockManager, KVPool
 from shared.loader import GGUFFile
 from shared.model import load_model
 from shared.tokenizer import Tokenizer, load_tokenizer
@@ -26,6 +26,7 @@ class EngineConfig:
     kv_gpu_fraction: float = 0.5
     max_batch_tokens: int = 2048
     cache_dequantized: bool | None = None  # None = yes on CPU
+    prefix_caching: bool = True
 
 
 @dataclass
@@ -59,5 +60,11 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, dtype, cfg.device
     )
     runner = ModelRunner(model, kv, cfg.device)
-    engine = LLMEngine(runner, BlockAllocator(num_blocks), max_len, cfg.max_batch_tokens)
+    blocks = BlockManager(
+        num_blocks,
+        cfg.block_size,
+        cfg.prefix_caching,
+        f"{f.path.name}:{f.path.stat().st_size}".encode(),
+    )
+    engine = LLMEngine(runner, blocks, max_len, cfg.max_batch_tokens)
     return LoadedEngine(engine, load_tokenizer(f.metadata), f)

@@ -26,7 +26,10 @@ class Sequence:
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
     num_computed: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache supplied
+    num_preemptions: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
 

@@ -1,6 +1,6 @@
-"""Paged KV cache: the device tensors and the allocator of their fixed-size blocks."""
+"""Paged KV cache: the device tensors and the manager of their fixed-size blocks."""
 
-from shared.kv.block_allocator import BlockAllocator, OutOfBlocks
+from shared.kv.block_manager import BlockManager, OutOfBlocks
 from shared.kv.kv_pool import KVPool
 
-__all__ = ["BlockAllocator", "KVPool", "OutOfBlocks"]
+__all__ = ["BlockManager", "KVPool", "OutOfBlocks"]

@@ -68,7 +68,7 @@ class WorkerLoop:
         self._request_of: dict[int, str] = {}
 
     def heartbeat(self) -> Heartbeat:
-        alloc = self.engine.allocator
+        alloc = self.engine.blocks
         return Heartbeat(
             self.worker_id,
             alloc.num_blocks - alloc.num_free,
@@ -187,7 +187,7 @@ def run_worker(cfg: WorkerConfig) -> int:
         device_name=device_name(cfg.device),
         roles=list(cfg.roles),
         model=os.path.basename(cfg.model),
-        kv_blocks_total=engine.allocator.num_blocks,
+        kv_blocks_total=engine.blocks.num_blocks,
         block_size=cfg.block_size,
         max_model_len=engine.max_model_len,
         pid=os.getpid(),

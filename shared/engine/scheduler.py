@@ -1,0 +1,140 @@
+"""Scheduler: which sequences run in the next step, and how many of their tokens.
+
+Per step a token budget: sequences that are decoding go first, then prompt chunks (chunked
+prefill) of running and newly admitted requests fill the rest. A newly admitted prompt first
+takes whatever full blocks of it the prefix cache holds and skips their computation. When a
+running sequence cannot grow, the newest running sequence is preempted (its blocks are freed
+but stay cached, so recomputing it mostly hits the prefix cache) rather than failing anyone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shared.engine.sequence import SeqStatus, Sequence
+from shared.kv.block_manager import ROOT_HASH, BlockManager
+
+Work = list[tuple[Sequence, int]]  # (sequence, tokens to compute in this step)
+
+
+class Scheduler:
+    def __init__(
+        self, blocks: BlockManager, max_model_len: int, max_batch_tokens: int, max_seqs: int
+    ) -> None:
+        self.blocks = blocks
+        self.block_size = blocks.block_size
+        self.max_model_len = max_model_len
+        self.max_batch_tokens = max_batch_tokens
+        self.max_seqs = max_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        total = len(seq.prompt_ids) + seq.max_tokens
+        if not seq.prompt_ids:
+            raise ValueError("the prompt is empty")
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(seq.prompt_ids)} tokens) plus max_tokens ({seq.max_tokens}) "
+                f"exceeds the context length {self.max_model_len}"
+            )
+        if self._blocks_for(total) > self.blocks.num_blocks:
+            raise ValueError(f"{total} tokens need more KV blocks than this worker has")
+        self.waiting.append(seq)
+
+    def remove(self, seq_id: int) -> Sequence | None:
+        for queue in (self.waiting, self.running):
+            for seq in queue:
+                if seq.seq_id == seq_id:
+                    queue.remove(seq)
+                    return seq
+        return None
+
+    def release(self, seq: Sequence) -> None:
+        self.blocks.free(seq.block_table)
+        seq.block_table = []
+        seq.block_hashes = []
+
+    def schedule(self) -> Work:
+        budget = self.max_batch_tokens
+        work: Work = []
+        for seq in sorted(self.running, key=lambda s: s.num_pending):
+            if seq.status is not SeqStatus.RUNNING or budget == 0:
+                continue
+            n = min(seq.num_pending, budget)
+            while not self._reserve(seq, seq.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq.status is SeqStatus.RUNNING:
+                work.append((seq, n))
+                budget -= n
+        # a sequence scheduled above may have been preempted for a later one
+        work = [(s, n) for s, n in work if s.status is SeqStatus.RUNNING]
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            seq = self.waiting[0]
+            if not seq.block_table:
+                self._match_prefix(seq)
+            n = min(seq.num_pending, budget)
+            if not self._reserve(seq, seq.num_computed + n):
+                # a waiting sequence holds nothing: its prefix hits go back to the cache
+                self.release(seq)
+                seq.num_computed = 0
+                break
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            work.append((seq, n))
+            budget -= n
+        return work
+
+    def after_step(self, work: Work) -> None:
+        """Advance what was computed and name the blocks that became full."""
+        bs = self.block_size
+        for seq, n in work:
+            seq.num_computed += n
+            ids = None
+            while len(seq.block_hashes) < seq.num_computed // bs:
+                ids = ids or seq.all_ids
+                i = len(seq.block_hashes)
+                parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+                h = self.blocks.commit(seq.block_table[i], parent, ids[i * bs : (i + 1) * bs])
+                seq.block_hashes.append(h)
+
+    def _blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)
+
+    def _match_prefix(self, seq: Sequence) -> None:
+        ids = seq.all_ids
+        # keep at least one token to compute, in a block of its own: a shared block is never
+        # written again, and the last token's logits are needed anyway
+        blocks, hashes = self.blocks.match_prefix(ids, (len(ids) - 1) // self.block_size)
+        seq.block_table = blocks
+        seq.block_hashes = hashes
+        seq.num_computed = len(blocks) * self.block_size
+        seq.num_cached_tokens = max(seq.num_cached_tokens, seq.num_computed)
+
+    def _reserve(self, seq: Sequence, n_tokens: int) -> bool:
+        need = self._blocks_for(n_tokens) - len(seq.block_table)
+        if need <= 0:
+            return True
+        if need > self.blocks.num_free:
+            return False
+        seq.block_table.extend(self.blocks.allocate(need))
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.release(seq)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def check_integrity(self) -> None:
+        held: dict[int, int] = {}
+        for seq in [*self.running, *self.waiting]:
+            for b in seq.block_table:
+                held[b] = held.get(b, 0) + 1
+        self.blocks.check_integrity(held)

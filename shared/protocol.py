@@ -64,6 +64,7 @@ class WorkerReady(_Msg, tag="ready"):
     block_size: int
     max_model_len: int
     pid: int
+    instance: str = ""  # random per process start: a re-announcement keeps it, a restart not
     protocol: int = PROTOCOL_VERSION
 
 

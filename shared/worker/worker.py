@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import traceback
+import uuid
 
 import zmq
 
@@ -191,6 +192,7 @@ def run_worker(cfg: WorkerConfig) -> int:
         block_size=cfg.block_size,
         max_model_len=engine.max_model_len,
         pid=os.getpid(),
+        instance=uuid.uuid4().hex,
     )
     ctx = zmq.Context()
     tokens = ctx.socket(zmq.PUSH)

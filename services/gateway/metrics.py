@@ -1,0 +1,77 @@
+"""Prometheus metrics of one gateway app, in its own CollectorRegistry (never the global one,
+so that several apps, e.g. in tests, do not share counters).
+
+Request counters and latency histograms are updated as requests run; worker gauges (queue
+depth, KV blocks, ready workers) are refreshed from the worker registry at scrape time, which
+also drops the labels of workers that left.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from services.gateway.workers import WorkerRegistry
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "skiff_requests",
+            "HTTP requests by endpoint and status",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "skiff_prompt_tokens", "prompt tokens of accepted requests", registry=r
+        )
+        self.generation_tokens = Counter(
+            "skiff_generation_tokens", "tokens generated (stop tokens included)", registry=r
+        )
+        self.ttft = Histogram(
+            "skiff_time_to_first_token_seconds",
+            "request arrival to first generated token",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "skiff_inter_token_latency_seconds",
+            "time between consecutive tokens of one request",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "skiff_queue_depth", "requests waiting in workers (from heartbeats)", registry=r
+        )
+        self.kv_used = Gauge(
+            "skiff_kv_blocks_used", "KV blocks in use per worker", ["worker"], registry=r
+        )
+        self.kv_free = Gauge(
+            "skiff_kv_blocks_free", "free KV blocks per worker", ["worker"], registry=r
+        )
+        self.workers_ready = Gauge(
+            "skiff_workers_ready", "workers ready to take requests", registry=r
+        )
+
+    def render(self, workers: WorkerRegistry) -> bytes:
+        """The exposition text, with worker gauges as of now."""
+        self.kv_used.clear()
+        self.kv_free.clear()
+        waiting = 0
+        for w in workers.all_workers():
+            hb = w.heartbeat
+            if hb is None:
+                continue
+            waiting += hb.waiting
+            self.kv_used.labels(worker=w.worker_id).set(hb.kv_blocks_used)
+            self.kv_free.labels(worker=w.worker_id).set(hb.kv_blocks_free)
+        self.queue_depth.set(waiting)
+        self.workers_ready.set(len(workers.ready_workers()))
+        return generate_latest(self.registry)

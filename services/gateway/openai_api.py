@@ -1,0 +1,196 @@
+"""Handlers of the OpenAI API: /v1/completions, /v1/chat/completions and /v1/models.
+
+Each generation handler parses and validates the body, builds the prompt ids, checks the length
+against the context, then runs a `Generation` and writes it whole or as server-sent events.
+Errors before the first event are ordinary JSON error responses; after it, a stream carries one
+`data: {"error": ...}` event and ends.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jinja2
+from aiohttp import web
+
+from services.gateway.errors import ApiError, invalid
+from services.gateway.generation import ClientGone, Generation
+from services.gateway.openai_format import ChatFormat, CompletionFormat
+from services.gateway.request_params import (
+    GenerationParams,
+    decode_body,
+    parse_chat,
+    parse_completion,
+)
+from services.gateway.state import CLIENT_CLOSED, FINAL_STATUS, GATEWAY, Gateway
+from services.gateway.streaming import SseWriter
+from shared.tokenizer import ChatTemplateError, NoChatTemplate
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy endpoint
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    arrived = time.perf_counter()
+    gw = request.app[GATEWAY]
+    tok = gw.model.tokenizer
+    req = parse_completion(decode_body(await request.read()), tok.vocab_size)
+    _check_model(gw, req.model)
+    if isinstance(req.prompt, str):
+        # Special-token text in a raw prompt becomes those tokens, as in llama-server.
+        prompt_ids = tok.encode(req.prompt, add_special=True, special=True)
+        prompt_text = req.prompt
+    else:
+        prompt_ids = req.prompt
+        prompt_text = tok.decode(prompt_ids)
+    if not prompt_ids:
+        raise invalid("'prompt' is empty", "prompt")
+    want_logprobs = req.params.sampling.logprobs is not None
+    fmt = CompletionFormat(gw.model.name, want_logprobs, req.params.include_usage)
+    echo = prompt_text if req.echo else ""
+    return await _generate(request, gw, prompt_ids, req.params, "prompt", fmt, arrived, echo)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    arrived = time.perf_counter()
+    gw = request.app[GATEWAY]
+    req = parse_chat(decode_body(await request.read()))
+    _check_model(gw, req.model)
+    try:
+        text = gw.model.chat_template.render(req.messages, add_generation_prompt=True)
+    except (NoChatTemplate, ChatTemplateError) as exc:
+        raise invalid(str(exc), "messages") from None
+    except jinja2.TemplateError as exc:  # a broken template is the model's fault, not the user's
+        raise ApiError(500, f"the model's chat template failed: {exc}") from None
+    prompt_ids = gw.model.tokenizer.encode(text, add_special=False, special=True)
+    want_logprobs = req.params.sampling.logprobs is not None
+    fmt = ChatFormat(gw.model.name, want_logprobs, req.params.include_usage)
+    return await _generate(request, gw, prompt_ids, req.params, "messages", fmt, arrived)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    return web.json_response({"object": "list", "data": [_model_card(gw)]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    _check_model(gw, request.match_info["model"])
+    return web.json_response(_model_card(gw))
+
+
+def _model_card(gw: Gateway) -> dict:
+    return {
+        "id": gw.model.name,
+        "object": "model",
+        "created": gw.model.created,
+        "owned_by": "skiff",
+        "max_model_len": gw.max_model_len(),
+    }
+
+
+def _check_model(gw: Gateway, model: str | None) -> None:
+    if model is not None and model != gw.model.name:
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist; this server serves `{gw.model.name}`.",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _max_tokens(gw: Gateway, prompt_len: int, params: GenerationParams, prompt_param: str) -> int:
+    """The request's max_tokens, checked against the context (defaults fill what is left)."""
+    ctx = gw.max_model_len()
+    if prompt_len >= ctx:
+        raise invalid(
+            f"This model's maximum context length is {ctx} tokens, but the prompt has "
+            f"{prompt_len} tokens, which leaves no room for a completion.",
+            prompt_param,
+            code="context_length_exceeded",
+        )
+    if params.max_tokens is None:
+        default = COMPLETIONS_DEFAULT_MAX_TOKENS if prompt_param == "prompt" else ctx
+        return min(default, ctx - prompt_len)
+    if prompt_len + params.max_tokens > ctx:
+        raise invalid(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{prompt_len + params.max_tokens} tokens ({prompt_len} in the {prompt_param}, "
+            f"{params.max_tokens} for the completion). Please reduce the length of the "
+            f"{prompt_param} or max_tokens.",
+            "max_tokens",
+            code="context_length_exceeded",
+        )
+    return params.max_tokens
+
+
+async def _generate(
+    request: web.Request,
+    gw: Gateway,
+    prompt_ids: list[int],
+    params: GenerationParams,
+    prompt_param: str,
+    fmt: CompletionFormat | ChatFormat,
+    arrived: float,
+    echo: str = "",
+) -> web.StreamResponse:
+    max_tokens = _max_tokens(gw, len(prompt_ids), params, prompt_param)
+    stop_ids = [] if params.ignore_eos else sorted(gw.model.tokenizer.stop_ids)
+    gen = Generation(
+        request,
+        gw.router,
+        gw.model.tokenizer,
+        gw.metrics,
+        params.stop,
+        fmt.want_logprobs,
+        arrived,
+    )
+    try:
+        await gen.start(prompt_ids, max_tokens, params.sampling, stop_ids)
+        if params.stream:
+            return await _stream(request, gen, fmt, params.include_usage, echo)
+        return await _whole(gen, fmt, echo)
+    except ClientGone:
+        request[FINAL_STATUS] = CLIENT_CLOSED
+        return web.Response(status=CLIENT_CLOSED)
+    finally:
+        await gen.close()  # aborts on the worker unless the request ended there
+
+
+async def _whole(gen: Generation, fmt: CompletionFormat | ChatFormat, echo: str) -> web.Response:
+    texts, entries, finish = [echo], [], "length"
+    async for delta in gen:
+        texts.append(delta.text)
+        entries.extend(delta.logprobs)
+        finish = delta.finish_reason or finish
+    body = fmt.response("".join(texts), entries, finish, gen.prompt_tokens, gen.completion_tokens)
+    return web.json_response(body)
+
+
+async def _stream(
+    request: web.Request,
+    gen: Generation,
+    fmt: CompletionFormat | ChatFormat,
+    include_usage: bool,
+    echo: str,
+) -> web.StreamResponse:
+    sse = SseWriter(request)
+    try:
+        async for delta in gen:
+            if not sse.started:  # opened lazily: errors before the first token stay JSON
+                first = fmt.first_chunk()
+                if first is not None:
+                    await sse.send(first)
+            await sse.send(fmt.chunk(echo + delta.text, delta.logprobs, delta.finish_reason))
+            echo = ""
+        if include_usage:
+            await sse.send(fmt.usage_chunk(gen.prompt_tokens, gen.completion_tokens))
+        await sse.done()
+    except ApiError as exc:
+        if not sse.started:
+            raise
+        request[FINAL_STATUS] = exc.status
+        await sse.send(exc.body())
+        await sse.end()
+    except (ClientGone, ConnectionResetError):
+        request[FINAL_STATUS] = CLIENT_CLOSED
+    return sse.response

@@ -1,0 +1,146 @@
+"""Response bodies of the OpenAI API: text completions and chat completions, whole or as stream
+chunks, with logprobs in each endpoint's own shape (legacy dicts for completions, lists of
+objects for chat)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from services.gateway.generation import TokenLogprob
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, list]:
+    """Legacy format; the chosen token is always among its top dict, as in vLLM."""
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{**{t: lp for t, _, lp in e.top}, e.token: e.logprob} for e in entries],
+        "text_offset": [e.text_offset for e in entries],
+    }
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, list]:
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": list(e.token_bytes),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": list(b)} for t, b, lp in e.top
+                ],
+            }
+            for e in entries
+        ]
+    }
+
+
+class _Format:
+    prefix = ""  # of response ids
+    chunk_object = ""  # the `object` of stream chunks
+
+    def __init__(self, model: str, want_logprobs: bool, include_usage: bool) -> None:
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.want_logprobs = want_logprobs
+        self.include_usage = include_usage  # streams: "usage": null on chunks, then a usage chunk
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        chunk = self._envelope(self.chunk_object, [])
+        chunk["usage"] = usage(prompt_tokens, completion_tokens)
+        return chunk
+
+
+class CompletionFormat(_Format):
+    prefix = "cmpl"
+    chunk_object = "text_completion"
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, list] | None:
+        return completion_logprobs(entries) if self.want_logprobs else None
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        return None
+
+    def chunk(self, text: str, entries: list[TokenLogprob], finish: str | None) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": self._logprobs(entries),
+            "finish_reason": finish,
+        }
+        return self._envelope("text_completion", [choice])
+
+    def response(
+        self, text: str, entries: list[TokenLogprob], finish: str, prompt: int, completion: int
+    ) -> dict[str, Any]:
+        body = self.chunk(text, entries, finish)
+        body["usage"] = usage(prompt, completion)
+        return body
+
+
+class ChatFormat(_Format):
+    prefix = "chatcmpl"
+    chunk_object = "chat.completion.chunk"
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, list] | None:
+        return chat_logprobs(entries) if self.want_logprobs else None
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        """Streams open with the role, as OpenAI's do."""
+        choice = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        return self._envelope(self.chunk_object, [choice])
+
+    def chunk(self, text: str, entries: list[TokenLogprob], finish: str | None) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "delta": {"content": text} if text else {},
+            "logprobs": self._logprobs(entries) if entries else None,
+            "finish_reason": finish,
+        }
+        return self._envelope(self.chunk_object, [choice])
+
+    def response(
+        self, text: str, entries: list[TokenLogprob], finish: str, prompt: int, completion: int
+    ) -> dict[str, Any]:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": self._logprobs(entries),
+            "finish_reason": finish,
+        }
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(prompt, completion),
+        }

@@ -1,0 +1,253 @@
+"""ZMQ side of the gateway: sends requests to workers and routes their tokens back.
+
+Sockets (shared/protocol.py): a bound ROUTER for control (Generate/Abort down; WorkerReady,
+Heartbeat, Rejected up) and a bound PULL for `StepTokens`. Each HTTP request owns a
+`RequestStream`, an asyncio queue that receives its `TokenOut`s, or one `Failure` when the worker
+rejects it, dies or restarts. Liveness is checked by a reaper task every quarter timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from services.gateway.errors import ApiError
+from services.gateway.workers import Departed, WorkerRegistry
+from shared.protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    Generate,
+    Heartbeat,
+    Rejected,
+    Sampling,
+    TokenOut,
+    WorkerReady,
+    WorkerToGateway,
+    WorkerTokens,
+    decoder,
+    encoder,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The request ended without a result; `status` is the HTTP status to report."""
+
+    status: int
+    message: str
+
+
+class RequestStream:
+    """One request's events: `TokenOut`s in order, ending with a finish reason or a Failure."""
+
+    def __init__(self, request_id: str, worker_id: str) -> None:
+        self.request_id = request_id
+        self.worker_id = worker_id
+        self.queue: asyncio.Queue[TokenOut | Failure] = asyncio.Queue()
+        self.done = False  # set by the router once nothing more will arrive
+
+    async def get(self, timeout: float | None = None) -> TokenOut | Failure | None:
+        """The next event, or None when `timeout` passes first."""
+        if not self.queue.empty():  # the common case while tokens flow: no timer, no task
+            return self.queue.get_nowait()
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+
+class Router:
+    def __init__(
+        self,
+        worker_bind: str,
+        tokens_bind: str,
+        heartbeat_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.worker_bind = worker_bind
+        self.tokens_bind = tokens_bind
+        self.registry = WorkerRegistry(heartbeat_timeout_s)
+        self._clock = clock
+        self._streams: dict[str, RequestStream] = {}
+        self._encode = encoder().encode
+        self._decode_control = decoder(WorkerToGateway).decode
+        self._decode_tokens = decoder(WorkerTokens).decode
+        self._ctx: zmq.asyncio.Context | None = None
+        self._control: zmq.asyncio.Socket | None = None
+        self._tokens: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._unknown_logged: set[str] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._control = self._ctx.socket(zmq.ROUTER)
+        # A send to a worker that is gone must fail now, not vanish silently.
+        self._control.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A restarted worker reconnects under its old identity before the old pipe is noticed
+        # dead; without handover the ROUTER would ignore the new connection.
+        self._control.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._control.bind(self.worker_bind)
+        self._tokens = self._ctx.socket(zmq.PULL)
+        self._tokens.bind(self.tokens_bind)
+        self._tasks = [
+            asyncio.create_task(self._control_loop(), name="gateway-control"),
+            asyncio.create_task(self._tokens_loop(), name="gateway-tokens"),
+            asyncio.create_task(self._reaper_loop(), name="gateway-reaper"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for stream in list(self._streams.values()):
+            self._finish(stream, Failure(503, "the gateway is shutting down"))
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
+
+    # -- requests -------------------------------------------------------------------------
+    async def submit(
+        self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, stop_ids: list[int]
+    ) -> RequestStream:
+        """Send a request to the least-loaded worker that fits it."""
+        worker = self.registry.choose(len(prompt_ids) + max_tokens)
+        if worker is None:
+            if not self.registry.ready_workers():
+                raise ApiError(503, "no worker is ready to serve requests; try again shortly")
+            raise ApiError(
+                503, "no ready worker can hold this request (prompt + max_tokens too long)"
+            )
+        request_id = uuid.uuid4().hex
+        stream = RequestStream(request_id, worker.worker_id)
+        self._streams[request_id] = stream
+        self.registry.assign(worker.worker_id, request_id)
+        msg = Generate(request_id, prompt_ids, max_tokens, sampling, stop_ids)
+        try:
+            await self._control.send_multipart([worker.identity, self._encode(msg)])
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the connection is gone
+            self._drop(stream)
+            raise ApiError(
+                503, f"worker {worker.worker_id} is unreachable ({exc.strerror})"
+            ) from None
+        return stream
+
+    async def abort(self, stream: RequestStream) -> None:
+        """Stop a request the client no longer wants, so its worker frees its KV blocks."""
+        if stream.done:
+            return
+        self._drop(stream)
+        worker = self.registry.get(stream.worker_id)
+        if worker is None or self._control is None:
+            return
+        with contextlib.suppress(zmq.ZMQError):  # a vanished worker has nothing to free
+            await self._control.send_multipart(
+                [worker.identity, self._encode(Abort(stream.request_id))]
+            )
+
+    def _drop(self, stream: RequestStream) -> None:
+        stream.done = True
+        self._streams.pop(stream.request_id, None)
+        self.registry.release(stream.worker_id, stream.request_id)
+
+    def _finish(self, stream: RequestStream, event: TokenOut | Failure) -> None:
+        self._drop(stream)
+        stream.queue.put_nowait(event)
+
+    def _fail_departed(self, departed: Departed) -> None:
+        log.warning("worker %s left (%s)", departed.worker_id, departed.reason)
+        for request_id in departed.request_ids:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                self._finish(
+                    stream,
+                    Failure(
+                        503,
+                        f"worker {departed.worker_id} failed while serving this request "
+                        f"({departed.reason}); the request was lost, please retry",
+                    ),
+                )
+
+    # -- receive loops --------------------------------------------------------------------
+    async def _control_loop(self) -> None:
+        while True:
+            frames = await self._control.recv_multipart()
+            try:
+                msg = self._decode_control(frames[-1])
+            except msgspec.DecodeError as exc:
+                log.warning("undecodable control message: %s", exc)
+                continue
+            now = self._clock()
+            if isinstance(msg, Heartbeat):
+                if not self.registry.on_heartbeat(msg, now) and (
+                    msg.worker_id not in self._unknown_logged
+                ):
+                    self._unknown_logged.add(msg.worker_id)
+                    log.warning("heartbeat from %s, which never sent ready", msg.worker_id)
+            elif isinstance(msg, WorkerReady):
+                self._on_ready(msg, frames[0], now)
+            elif isinstance(msg, Rejected):
+                stream = self._streams.get(msg.request_id)
+                if stream is not None:
+                    self._finish(stream, Failure(msg.status, msg.message))
+
+    def _on_ready(self, msg: WorkerReady, identity: bytes, now: float) -> None:
+        if msg.protocol != PROTOCOL_VERSION:
+            log.error(
+                "worker %s speaks protocol %d, the gateway %d: ignored",
+                msg.worker_id,
+                msg.protocol,
+                PROTOCOL_VERSION,
+            )
+            return
+        self._unknown_logged.discard(msg.worker_id)
+        departed = self.registry.on_ready(msg, identity, now)
+        if departed is not None:
+            self._fail_departed(departed)
+        log.info(
+            "worker %s ready: %s (%s), roles %s, max_model_len %d",
+            msg.worker_id,
+            msg.device,
+            msg.device_name,
+            ",".join(msg.roles),
+            msg.max_model_len,
+        )
+
+    async def _tokens_loop(self) -> None:
+        while True:
+            payload = await self._tokens.recv()
+            try:
+                step = self._decode_tokens(payload)
+            except msgspec.DecodeError as exc:
+                log.warning("undecodable token message: %s", exc)
+                continue
+            self.registry.touch(step.worker_id, self._clock())
+            for tok in step.tokens:
+                stream = self._streams.get(tok.request_id)
+                if stream is None:  # aborted or failed already
+                    continue
+                if tok.finish_reason is None:
+                    stream.queue.put_nowait(tok)
+                else:
+                    self._finish(stream, tok)
+
+    async def _reaper_loop(self) -> None:
+        period = self.registry.heartbeat_timeout_s / 4
+        while True:
+            await asyncio.sleep(period)
+            for departed in self.registry.reap(self._clock()):
+                self._fail_departed(departed)

@@ -1,0 +1,135 @@
+"""Registry of workers: who is ready, how loaded, who is alive, and which requests each holds.
+
+Pure bookkeeping with an explicit clock (`now` arguments), so it runs without sockets in tests.
+The router feeds it every message a worker sends and asks it where to send a request; a worker
+that stays silent for the heartbeat timeout is dead and gives back the ids of the requests it
+held, so they can fail with a clear error instead of hanging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.protocol import Heartbeat, WorkerReady
+
+SERVING_ROLES = frozenset({"prefill", "decode"})  # a worker must do both to take a request alone
+
+
+@dataclass
+class Worker:
+    ready: WorkerReady
+    identity: bytes  # the worker's DEALER identity: the ROUTER's address for it
+    last_seen: float
+    heartbeat: Heartbeat | None = None
+    requests: set[str] = field(default_factory=set)  # in flight, as the gateway knows them
+
+    @property
+    def worker_id(self) -> str:
+        return self.ready.worker_id
+
+    @property
+    def can_serve(self) -> bool:
+        return set(self.ready.roles) >= SERVING_ROLES
+
+    @property
+    def kv_fraction_used(self) -> float:
+        hb = self.heartbeat
+        if hb is None or hb.kv_blocks_used + hb.kv_blocks_free == 0:
+            return 0.0
+        return hb.kv_blocks_used / (hb.kv_blocks_used + hb.kv_blocks_free)
+
+    @property
+    def load(self) -> tuple[int, float]:
+        # The gateway's own count of in-flight requests is exact and current; heartbeats lag by
+        # up to an interval, so KV occupancy only breaks ties.
+        return (len(self.requests), self.kv_fraction_used)
+
+
+@dataclass
+class Departed:
+    """A worker that left (silent or restarted) and the requests it took with it."""
+
+    worker_id: str
+    request_ids: list[str]
+    reason: str
+
+
+class WorkerRegistry:
+    def __init__(self, heartbeat_timeout_s: float) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._workers: dict[str, Worker] = {}
+
+    # -- messages from workers ------------------------------------------------------------
+    def on_ready(self, msg: WorkerReady, identity: bytes, now: float) -> Departed | None:
+        """A worker announced itself. Workers re-announce periodically (so a restarted gateway
+        learns of them): the same instance is only refreshed. A new instance under a known id
+        means it restarted: the requests the old incarnation held are gone with it."""
+        old = self._workers.get(msg.worker_id)
+        if old is not None and msg.instance and old.ready.instance == msg.instance:
+            old.ready, old.identity, old.last_seen = msg, identity, now
+            return None
+        self._workers[msg.worker_id] = Worker(ready=msg, identity=identity, last_seen=now)
+        if old is not None and old.requests:
+            return Departed(msg.worker_id, sorted(old.requests), "restarted")
+        return None
+
+    def on_heartbeat(self, msg: Heartbeat, now: float) -> bool:
+        """Record load and liveness; False for a worker that never sent ready (unknown)."""
+        worker = self._workers.get(msg.worker_id)
+        if worker is None:
+            return False
+        worker.heartbeat = msg
+        worker.last_seen = now
+        return True
+
+    def touch(self, worker_id: str, now: float) -> None:
+        """Any message from a worker (e.g. tokens) proves it alive."""
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.last_seen = now
+
+    def reap(self, now: float) -> list[Departed]:
+        """Remove workers silent for longer than the timeout."""
+        dead = [w for w in self._workers.values() if now - w.last_seen > self.heartbeat_timeout_s]
+        for w in dead:
+            del self._workers[w.worker_id]
+        return [
+            Departed(
+                w.worker_id,
+                sorted(w.requests),
+                f"no heartbeat for {now - w.last_seen:.1f} s",
+            )
+            for w in dead
+        ]
+
+    # -- requests -------------------------------------------------------------------------
+    def choose(self, total_tokens: int) -> Worker | None:
+        """The least-loaded worker that serves alone and fits prompt + max_tokens."""
+        fits = [
+            w
+            for w in self._workers.values()
+            if w.can_serve and w.ready.max_model_len >= total_tokens
+        ]
+        return min(fits, key=lambda w: w.load, default=None)
+
+    def get(self, worker_id: str) -> Worker | None:
+        return self._workers.get(worker_id)
+
+    def assign(self, worker_id: str, request_id: str) -> None:
+        self._workers[worker_id].requests.add(request_id)
+
+    def release(self, worker_id: str, request_id: str) -> None:
+        worker = self._workers.get(worker_id)
+        if worker is not None:
+            worker.requests.discard(request_id)
+
+    # -- views ----------------------------------------------------------------------------
+    def ready_workers(self) -> list[Worker]:
+        return [w for w in self._workers.values() if w.can_serve]
+
+    def all_workers(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    def max_model_len(self) -> int | None:
+        """The longest sequence any ready worker takes; None while none is ready."""
+        return max((w.ready.max_model_len for w in self.ready_workers()), default=None)

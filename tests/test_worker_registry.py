@@ -8,8 +8,9 @@ from shared.protocol import Heartbeat, WorkerReady
 
 
 def ready(instance: str, pid: int = 10) -> WorkerReady:
-    return WorkerReady("w1", "cpu", "CPU", ["prefill", "decode"], "m", 64, 16, 2048, pid,
-                       instance=instance)
+    return WorkerReady(
+        "w1", "cpu", "CPU", ["prefill", "decode"], "m", 64, 16, 2048, pid, instance=instance
+    )
 
 
 def test_reannouncement_keeps_requests_and_restart_fails_them() -> None:

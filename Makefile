@@ -1,43 +1,60 @@
-# Skiff: `make test` (CPU, what CI runs) and `make serve` (lands with the service pipeline).
+# Skiff: `make serve` (start every role on this machine) and `make test` (CPU, what CI runs).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 MODELS ?= .models
+DEFAULT_MODEL := SmolLM2-135M-Instruct.Q4_1.gguf
+HOST ?= 127.0.0.1
+PORT ?= 8000
+DEVICES ?= auto
 # CPU machines take the CPU wheel; a bare `torch` would pull several GB of CUDA.
 TORCH ?= torch==2.13.0
+# Two stamps: serving needs only the runtime; the tests add the oracles (llama.cpp, openai).
+RUNTIME_STAMP := $(VENV)/.skiff-runtime
 STAMP := $(VENV)/.skiff-installed
 
-.PHONY: install models test lint pytest serve gpu-wheels clean
+.PHONY: install install-runtime models test lint pytest serve gpu-wheels clean
 
-$(STAMP): pyproject.toml Makefile
+$(RUNTIME_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(STAMP): $(RUNTIME_STAMP)
 	# llama-cpp-python compiles llama.cpp (~6 min); pip keeps the wheel in its cache afterwards
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(PY) -m pip install -q -e ".[test]"
-	touch $(STAMP)
+	touch $@
+
+install-runtime: $(RUNTIME_STAMP)
 
 install: $(STAMP)
 
-$(MODELS)/.fetched: tools/fetch_models.py | $(STAMP)
+$(MODELS)/.fetched: tools/fetch_models.py | $(RUNTIME_STAMP)
 	$(PY) -m tools.fetch_models $(MODELS)
 	touch $@
 
 models: $(MODELS)/.fetched
+
+# Only the default model: what `make serve` needs, without the test models.
+$(MODELS)/$(DEFAULT_MODEL): | $(RUNTIME_STAMP)
+	$(PY) -m tools.fetch_models $(MODELS) --only smollm2
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 pytest: $(STAMP) models
-	SKIFF_MODELS_DIR=$(MODELS) $(PY) -m pytest -q -p no:cacheprovider
+	# Triton kernels run on the CPU under the interpreter (small shapes); natively on a GPU
+	TRITON_INTERPRET=1 SKIFF_MODELS_DIR=$(MODELS) $(PY) -m pytest -q -p no:cacheprovider
 
 test: lint pytest
 
-serve:
-	@echo "make serve arrives with the service pipeline (gateway + workers); not built yet." >&2
-	@echo "For now: $(PY) -m shared.cli generate $(MODELS)/SmolLM2-135M-Instruct.Q4_1.gguf 'Hi' --chat" >&2
-	@exit 1
+# The gateway and one worker per device (every CUDA device, else the CPU) until Ctrl-C.
+serve: $(RUNTIME_STAMP) $(MODELS)/$(DEFAULT_MODEL)
+	$(PY) -m shared.cli serve $(MODELS)/$(DEFAULT_MODEL) --host $(HOST) --port $(PORT) \
+	  --devices $(DEVICES)
 
 # Wheels the GPU machine lacks (Python 3.12, manylinux), carried to it in .whl/
 gpu-wheels:

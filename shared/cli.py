@@ -1,6 +1,9 @@
-"""Developer command line: `python -m shared.cli generate MODEL.gguf "prompt"` (also `skiff ...`).
+"""The `skiff` command line (also `python -m shared.cli`).
 
-Prints the continuation as it streams, then the prompt size and the decode speed.
+- `skiff serve MODEL.gguf`: the gateway and one worker per device as processes on this machine
+  (shared.launch), until Ctrl-C.
+- `skiff generate MODEL.gguf "prompt"`: runs the engine in this process and prints the
+  continuation as it streams, then the prompt size and the decode speed.
 """
 
 from __future__ import annotations
@@ -9,13 +12,16 @@ import argparse
 import sys
 import time
 
-from shared.engine import Sequence
-from shared.engine.factory import EngineConfig, build_engine
-from shared.sampling import SamplingParams, make_generator
-from shared.tokenizer import ChatTemplate, IncrementalDetokenizer
+from shared import launch
 
 
 def _generate(args: argparse.Namespace) -> int:
+    # Imported here: `skiff serve` and `--help` should not pay for importing torch.
+    from shared.engine import Sequence
+    from shared.engine.factory import EngineConfig, build_engine
+    from shared.sampling import SamplingParams, make_generator
+    from shared.tokenizer import ChatTemplate, IncrementalDetokenizer
+
     t0 = time.perf_counter()
     loaded = build_engine(
         EngineConfig(
@@ -76,9 +82,13 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="skiff", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="skiff", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve a model over the OpenAI API on this machine")
+    launch.add_serve_arguments(s)
     g = sub.add_parser("generate", help="generate a continuation of a prompt")
     g.add_argument("model", help="path to a GGUF file")
     g.add_argument("prompt")
@@ -94,7 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return launch.serve(launch.ServeConfig.from_args(args))
     if args.command == "generate":
         return _generate(args)
     return 2

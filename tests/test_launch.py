@@ -1,0 +1,398 @@
+"""`skiff serve` (shared.launch): device choice, command lines, supervision, and end to end.
+
+Supervision runs against stand-in processes (a tiny HTTP server answering /health as the gateway
+does, sleepers as workers), so that it is tested without models; the end-to-end test at the
+bottom runs the real gateway and worker on SmolLM2.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from shared import launch
+from shared.cli import build_parser
+from shared.launch import Console, Endpoints, Plan, ServeConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+_PID = re.compile(r"started (.+?) \(pid (\d+)\)")
+
+FAKE_GATEWAY = """
+import http.server, json, sys, threading, time
+port, workers, life, rc = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "ok" if workers else "loading", "workers": workers}).encode()
+        self.send_response(200 if workers else 503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", port), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print("fake gateway up", flush=True)
+time.sleep(life)
+sys.exit(rc)
+"""
+
+
+def _no_cuda() -> int:
+    raise AssertionError("an explicit device list must not look for CUDA devices")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+# -- devices --------------------------------------------------------------------------------------
+
+
+def test_auto_without_cuda_is_one_cpu_worker() -> None:
+    assert launch.resolve_devices("auto", lambda: 0) == ["cpu"]
+
+
+def test_auto_takes_every_cuda_device() -> None:
+    assert launch.resolve_devices("auto", lambda: 3) == ["cuda:0", "cuda:1", "cuda:2"]
+    assert launch.resolve_devices("cuda", lambda: 2) == ["cuda:0", "cuda:1"]
+
+
+def test_explicit_devices_are_taken_as_given() -> None:
+    assert launch.resolve_devices("cpu", _no_cuda) == ["cpu"]
+    assert launch.resolve_devices("cuda:0,cuda:1", _no_cuda) == ["cuda:0", "cuda:1"]
+    assert launch.resolve_devices(" cuda:1 , cpu ", _no_cuda) == ["cuda:1", "cpu"]
+
+
+@pytest.mark.parametrize("spec", ["", "tpu", "cuda:x", "gpu0", "cuda:0,cuda:0", "cpu,,cpu"])
+def test_bad_device_lists_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match="--devices"):
+        launch.resolve_devices(spec, _no_cuda)
+
+
+def test_cuda_without_a_cuda_device_is_refused() -> None:
+    with pytest.raises(ValueError, match="no CUDA device"):
+        launch.resolve_devices("cuda", lambda: 0)
+
+
+# -- command lines --------------------------------------------------------------------------------
+
+
+def test_serve_flags_build_the_config(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["serve", str(tmp_path / "m.gguf"), "--port", "9001", "--devices", "cpu"]
+        + ["--api-key", "a", "--api-key", "b", "--dtype", "bfloat16", "--max-model-len", "512"]
+    )
+    config = ServeConfig.from_args(args)
+    assert config.model == tmp_path / "m.gguf"
+    assert (config.host, config.port, config.devices) == ("127.0.0.1", 9001, "cpu")
+    assert config.api_keys == ("a", "b")
+    assert (config.dtype, config.max_model_len, config.kv_blocks) == ("bfloat16", 512, None)
+    assert config.model_name == "m"
+
+
+def test_gateway_and_worker_commands_agree_on_ports() -> None:
+    config = ServeConfig(
+        model=Path("/m/SmolLM2-135M-Instruct.Q4_1.gguf"), port=8123, api_keys=("k1", "k2")
+    )
+    endpoints = Endpoints("tcp://127.0.0.1:5001", "tcp://127.0.0.1:5002")
+    plan = launch.plan_processes(config, ["cpu", "cuda:1"], endpoints, python="py")
+
+    gw = plan.gateway
+    assert gw[:3] == ["py", "-m", "services.gateway"]
+    assert _flag(gw, "--model") == "/m/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert (_flag(gw, "--host"), _flag(gw, "--port")) == ("127.0.0.1", "8123")
+    assert _flag(gw, "--worker-bind") == "tcp://127.0.0.1:5001"
+    assert _flag(gw, "--tokens-bind") == "tcp://127.0.0.1:5002"
+    assert _flag(gw, "--served-model-name") == "SmolLM2-135M-Instruct.Q4_1"
+    assert [gw[i + 1] for i, a in enumerate(gw) if a == "--api-key"] == ["k1", "k2"]
+
+    assert list(plan.workers) == ["worker cpu", "worker cuda:1"]
+    for device, argv in zip(["cpu", "cuda:1"], plan.workers.values(), strict=True):
+        assert argv[:3] == ["py", "-m", "services.decode"]
+        assert _flag(argv, "--device") == device
+        assert _flag(argv, "--model") == _flag(gw, "--model")
+        assert _flag(argv, "--gateway") == _flag(gw, "--worker-bind")
+        assert _flag(argv, "--gateway-tokens") == _flag(gw, "--tokens-bind")
+        # Unset options are left to the worker's defaults.
+        assert "--dtype" not in argv and "--kv-blocks" not in argv
+    assert plan.health_url == "http://127.0.0.1:8123/health"
+    assert plan.api_url == "http://127.0.0.1:8123/v1"
+
+
+def test_worker_options_are_passed_on() -> None:
+    config = ServeConfig(
+        model=Path("/m.gguf"), dtype="float16", max_model_len=1024, kv_blocks=64,
+        max_batch_tokens=256,
+    )  # fmt: skip
+    plan = launch.plan_processes(config, ["cpu"], launch.local_endpoints())
+    argv = plan.workers["worker cpu"]
+    assert _flag(argv, "--dtype") == "float16"
+    assert _flag(argv, "--max-model-len") == "1024"
+    assert _flag(argv, "--kv-blocks") == "64"
+    assert _flag(argv, "--max-batch-tokens") == "256"
+
+
+def test_wildcard_hosts_print_a_reachable_url() -> None:
+    endpoints = launch.local_endpoints()
+    plan = launch.plan_processes(ServeConfig(Path("/m.gguf"), host="0.0.0.0"), ["cpu"], endpoints)
+    assert plan.api_url == "http://127.0.0.1:8000/v1"
+    assert _flag(plan.gateway, "--host") == "0.0.0.0"
+    plan = launch.plan_processes(ServeConfig(Path("/m.gguf"), host="::"), ["cpu"], endpoints)
+    assert plan.api_url == "http://[::1]:8000/v1"
+
+
+def test_local_endpoints_are_two_distinct_loopback_ports() -> None:
+    e = launch.local_endpoints()
+    ports = {int(e.worker.rsplit(":", 1)[1]), int(e.tokens.rsplit(":", 1)[1])}
+    assert len(ports) == 2 and all(p > 0 for p in ports)
+    assert e.worker.startswith("tcp://127.0.0.1:") and e.tokens.startswith("tcp://127.0.0.1:")
+
+
+def test_cli_does_not_import_torch() -> None:
+    code = "import sys, shared.cli, shared.launch; print('torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "False"
+
+
+# -- refusals before anything starts --------------------------------------------------------------
+
+
+def _serve_quietly(config: ServeConfig) -> tuple[int, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = launch.serve(config, out, err, cuda_count=_no_cuda)
+    assert out.getvalue() == ""
+    return rc, err.getvalue()
+
+
+def test_missing_model_is_refused(tmp_path: Path) -> None:
+    rc, err = _serve_quietly(ServeConfig(tmp_path / "absent.gguf", devices="cpu"))
+    assert rc == 2 and "no such model file" in err
+
+
+def test_busy_port_is_refused(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc, err = _serve_quietly(ServeConfig(model, port=port, devices="cpu"))
+    assert rc == 2 and f"127.0.0.1:{port} is in use" in err
+
+
+def test_bad_devices_are_refused(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    rc, err = _serve_quietly(ServeConfig(model, port=_free_port(), devices="tpu:0"))
+    assert rc == 2 and "not cpu or cuda:N" in err
+
+
+# -- supervision, with stand-in processes ---------------------------------------------------------
+
+
+class _Run:
+    """supervise() on a thread, with its console captured."""
+
+    def __init__(self, plan: Plan, stop_timeout_s: float = 5.0) -> None:
+        self.out, self.err = io.StringIO(), io.StringIO()
+        self.stop = threading.Event()
+        self.rc: int | None = None
+        console = Console(self.out, self.err, width=12)
+        self._thread = threading.Thread(
+            target=lambda: setattr(
+                self, "rc", launch.supervise(plan, self.stop, console, stop_timeout_s)
+            )
+        )
+        self._thread.start()
+
+    def wait_for(self, text: str, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.err.getvalue() + self.out.getvalue():
+            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.err.getvalue()}"
+            time.sleep(0.05)
+
+    def join(self, timeout_s: float = 30.0) -> int:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "supervise() did not return"
+        assert self.rc is not None
+        return self.rc
+
+    def pids(self) -> dict[str, int]:
+        return {name: int(pid) for name, pid in _PID.findall(self.err.getvalue())}
+
+
+def _plan(tmp_path: Path, gateway: tuple[int, float, int], workers: dict[str, str]) -> Plan:
+    script = tmp_path / "fake_gateway.py"
+    script.write_text(FAKE_GATEWAY)
+    port = _free_port()
+    workers_ready, life_s, rc = gateway
+    return Plan(
+        gateway=[sys.executable, str(script), str(port), str(workers_ready), str(life_s), str(rc)],
+        workers={name: [sys.executable, "-c", code] for name, code in workers.items()},
+        health_url=f"http://127.0.0.1:{port}/health",
+        api_url=f"http://127.0.0.1:{port}/v1",
+        model_name="fake",
+    )
+
+
+SLEEPER = "import time; print('loading', flush=True); time.sleep(120)"
+
+
+def test_gateway_exit_stops_the_workers_and_fails(tmp_path: Path) -> None:
+    run = _Run(_plan(tmp_path, (1, 2.0, 3), {"worker a": SLEEPER}))
+    rc = run.join()
+    assert rc == 3
+    assert "the gateway exited with code 3" in run.err.getvalue()
+    assert re.fullmatch(
+        r"Skiff is serving fake at http://127\.0\.0\.1:\d+/v1\n", run.out.getvalue()
+    )
+    err = run.err.getvalue()
+    assert "gateway      | fake gateway up" in err and "worker a     | loading" in err
+    pids = run.pids()
+    assert set(pids) == {"gateway", "worker a"}
+    assert not any(_alive(p) for p in pids.values())
+
+
+def test_gateway_exiting_cleanly_still_fails(tmp_path: Path) -> None:
+    run = _Run(_plan(tmp_path, (1, 0.5, 0), {"worker a": SLEEPER}))
+    assert run.join() == 1
+
+
+def test_dead_worker_is_reported_and_the_gateway_kept(tmp_path: Path) -> None:
+    dies = "import sys, time; time.sleep(0.5); sys.exit(5)"
+    run = _Run(_plan(tmp_path, (1, 120.0, 0), {"worker a": dies, "worker b": SLEEPER}))
+    run.wait_for("worker a exited with code 5")
+    run.wait_for("Skiff is serving fake")
+    time.sleep(0.5)
+    assert run.rc is None, "the launcher stopped although the gateway was serving"
+    pids = run.pids()
+    assert _alive(pids["gateway"]) and _alive(pids["worker b"])
+    run.stop.set()
+    assert run.join() == 0
+    assert not any(_alive(p) for p in pids.values())
+
+
+def test_every_worker_dead_before_ready_fails(tmp_path: Path) -> None:
+    run = _Run(_plan(tmp_path, (0, 120.0, 0), {"worker a": "import sys; sys.exit(1)"}))
+    assert run.join() == 1
+    assert "every worker exited before one was ready" in run.err.getvalue()
+    assert run.out.getvalue() == ""
+    assert not any(_alive(p) for p in run.pids().values())
+
+
+def test_child_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        " print('ignoring SIGTERM', flush=True); time.sleep(120)"
+    )
+    run = _Run(_plan(tmp_path, (1, 120.0, 0), {"worker a": stubborn}), stop_timeout_s=0.5)
+    run.wait_for("ignoring SIGTERM")
+    t0 = time.monotonic()
+    run.stop.set()
+    assert run.join() == 0
+    assert time.monotonic() - t0 < 10
+    assert "worker a is still running after SIGTERM; killing it" in run.err.getvalue()
+    assert not any(_alive(p) for p in run.pids().values())
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_skiff_serve_answers_a_chat_completion_and_stops_on_sigint() -> None:
+    model = os.environ.get("SKIFF_SMOLLM2")
+    if not model or not Path(model).exists():
+        pytest.skip("SmolLM2 is missing: run `make models` (or set SKIFF_SMOLLM2)")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shared.cli", "serve", model, "--port", str(port)]
+        + ["--devices", "cpu", "--stop-timeout", "10"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+    assert proc.stdout is not None
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+
+    def pids() -> list[int]:
+        return [int(m.group(2)) for line in seen if (m := _PID.search(line))]
+
+    try:
+        url, deadline = None, time.monotonic() + 120
+        while url is None:
+            assert time.monotonic() < deadline, "no URL in 120 s:\n" + "".join(seen)
+            assert proc.poll() is None, "skiff serve exited:\n" + "".join(seen)
+            try:
+                seen.append(lines.get(timeout=0.5))
+            except queue.Empty:
+                continue
+            if m := re.search(r"Skiff is serving (\S+) at (http://\S+)", seen[-1]):
+                name, url = m.group(1), m.group(2)
+        assert name == "SmolLM2-135M-Instruct.Q4_1"
+        assert len(pids()) == 2  # the gateway and one CPU worker
+
+        body = {
+            "model": name,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 16,
+            "temperature": 0,
+        }
+        request = urllib.request.Request(
+            f"{url}/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                status, reply = r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            status, reply = e.code, e.read().decode(errors="replace")
+        while not lines.empty():
+            seen.append(lines.get())
+        assert status == 200, f"{reply}\n" + "".join(seen)
+        assert reply["choices"][0]["message"]["content"].strip()
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        alive = [p for p in pids() if _alive(p)]
+        assert not alive, f"children still running after SIGINT: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -215,9 +215,13 @@ class Router:
             )
             return
         self._unknown_logged.discard(msg.worker_id)
+        known = self.registry.get(msg.worker_id)
+        refresh = known is not None and known.ready.instance == msg.instance and msg.instance
         departed = self.registry.on_ready(msg, identity, now)
         if departed is not None:
             self._fail_departed(departed)
+        if refresh:
+            return  # a periodic re-announcement: nothing new to say
         log.info(
             "worker %s ready: %s (%s), roles %s, max_model_len %d",
             msg.worker_id,

@@ -9,6 +9,7 @@ import torch
 from shared.engine.engine import LLMEngine
 from shared.engine.model_runner import ModelRunner
 from shared.kv import BlockManager, KVPool
+from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
 from shared.model import load_model
 from shared.tokenizer import Tokenizer, load_tokenizer
@@ -18,7 +19,8 @@ from shared.tokenizer import Tokenizer, load_tokenizer
 class EngineConfig:
     model_path: str
     device: str = "cpu"
-    dtype: str = "float32"  # activations and KV: float32, float16 or bfloat16
+    dtype: str = "float32"  # activations: float32, float16 or bfloat16
+    kv_dtype: str = "auto"  # auto (= dtype), float32, float16, bfloat16 or fp8 (e4m3)
     block_size: int = 16
     max_model_len: int = 0  # 0 = the model's context length, capped at 8192
     kv_blocks: int = 0  # 0 = sized from kv_cpu_bytes (CPU) or kv_gpu_fraction of free memory
@@ -36,10 +38,10 @@ class LoadedEngine:
     gguf: GGUFFile
 
 
-def _default_kv_blocks(cfg: EngineConfig, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
-    per_block = KVPool.bytes_per_block(
-        n_layers, cfg.block_size, n_kv_heads, head_dim, getattr(torch, cfg.dtype)
-    )
+def _default_kv_blocks(
+    cfg: EngineConfig, n_layers: int, n_kv_heads: int, head_dim: int, kv_dtype: torch.dtype
+) -> int:
+    per_block = KVPool.bytes_per_block(n_layers, cfg.block_size, n_kv_heads, head_dim, kv_dtype)
     device = torch.device(cfg.device)
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
@@ -55,9 +57,12 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     model = load_model(f, cfg.device, dtype, cfg.cache_dequantized)
     mc = model.cfg
     max_len = cfg.max_model_len or min(mc.context_length, 8192)
-    num_blocks = cfg.kv_blocks or _default_kv_blocks(cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim)
+    kv_dtype = resolve_kv_dtype(cfg.kv_dtype, dtype, cfg.device)
+    num_blocks = cfg.kv_blocks or _default_kv_blocks(
+        cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim, kv_dtype
+    )
     kv = KVPool(
-        mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, dtype, cfg.device
+        mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, kv_dtype, cfg.device
     )
     runner = ModelRunner(model, kv, cfg.device)
     blocks = BlockManager(

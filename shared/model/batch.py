@@ -26,6 +26,10 @@ class ForwardBatch:
     query_start_loc: list[int]  # B + 1
     seq_lens: list[int]  # B: keys per sequence after this step
     logits_rows: torch.Tensor  # [N] int64 rows of T whose logits are returned
+    query_start_loc_t: torch.Tensor  # [B + 1] int32 on the device (for kernels)
+    seq_lens_t: torch.Tensor  # [B] int32 on the device
+    max_query_len: int
+    max_seq_len: int
 
     @staticmethod
     def build(chunks: list[SeqChunk], block_size: int, device: torch.device | str) -> ForwardBatch:
@@ -65,4 +69,8 @@ class ForwardBatch:
             query_start_loc=starts,
             seq_lens=seq_lens,
             logits_rows=t(rows),
+            query_start_loc_t=t(starts, torch.int32),
+            seq_lens_t=t(seq_lens, torch.int32),
+            max_query_len=max((len(c.token_ids) for c in chunks), default=0),
+            max_seq_len=max(seq_lens, default=0),
         )

@@ -12,14 +12,16 @@ from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.config import ModelConfig
 from shared.model.weights import WeightLoader
-from shared.ops.norm import rms_norm
-from shared.ops.rope import rope_angles
 
 
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, w: WeightLoader) -> None:
         super().__init__()
         self.cfg = cfg
+        self.ops = w.ops
+        self.rope_factors = (
+            w.vector("rope_freqs.weight", cfg.rope_dim // 2) if w.has("rope_freqs.weight") else None
+        )
         self.embed = w.embedding("token_embd.weight", cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(self.make_layer(cfg, w, i) for i in range(cfg.n_layers))
         self.norm = w.vector("output_norm.weight", cfg.d_model)
@@ -27,9 +29,6 @@ class CausalLM(nn.Module):
             self.lm_head = w.tied_lm_head(self.embed)
         else:
             self.lm_head = w.linear("output", cfg.vocab_size, cfg.d_model)
-        self.rope_factors = (
-            w.vector("rope_freqs.weight", cfg.rope_dim // 2) if w.has("rope_freqs.weight") else None
-        )
 
     def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> nn.Module:
         raise NotImplementedError
@@ -44,18 +43,9 @@ class CausalLM(nn.Module):
         x = self.embed(batch.token_ids)
         if (scale := self.embed_scale()) != 1.0:
             x = x * scale
-        rope_global = rope_angles(
-            batch.positions, cfg.rope_dim, cfg.rope_base, cfg.rope_scale, self.rope_factors
-        )
-        rope_local = (
-            rope_angles(batch.positions, cfg.rope_dim, cfg.rope_base_local)
-            if cfg.sliding_layers
-            else rope_global
-        )
-        for i, layer in enumerate(self.layers):
-            rope = rope_local if cfg.is_sliding(i) else rope_global
-            x = layer(x, batch, (kv.k[i], kv.v[i]), rope)
-        x = rms_norm(x[batch.logits_rows], self.norm, cfg.rms_eps)
+        for layer in self.layers:
+            x = layer(x, batch, kv)
+        x = self.ops.rms_norm(x[batch.logits_rows], self.norm, cfg.rms_eps)
         logits = self.lm_head(x).float()
         if cfg.final_logit_softcap:
             logits = torch.tanh(logits / cfg.final_logit_softcap) * cfg.final_logit_softcap

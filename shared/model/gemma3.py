@@ -10,13 +10,12 @@ import math
 import torch
 from torch import nn
 
+from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
-from shared.model.transformer import Attention, GatedMLP, Rope
+from shared.model.transformer import Attention, GatedMLP
 from shared.model.weights import WeightLoader
-from shared.ops.activation import gelu_mul
-from shared.ops.norm import rms_norm
 
 
 class Gemma3Layer(nn.Module):
@@ -24,24 +23,20 @@ class Gemma3Layer(nn.Module):
         super().__init__()
         p = f"blk.{layer}"
         self.eps = cfg.rms_eps
+        self.norm = w.ops.rms_norm
         self.attn_norm = w.vector(f"{p}.attn_norm.weight", cfg.d_model)
-        self.attn = Attention(cfg, w, layer)
+        self.attn = Attention(cfg, w, layer, None)
         self.post_attn_norm = w.vector(f"{p}.post_attention_norm.weight", cfg.d_model)
         self.ffn_norm = w.vector(f"{p}.ffn_norm.weight", cfg.d_model)
-        self.mlp = GatedMLP(cfg, w, layer, gelu_mul)
+        self.mlp = GatedMLP(cfg, w, layer, gelu=True)
         self.post_ffn_norm = w.vector(f"{p}.post_ffw_norm.weight", cfg.d_model)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        batch: ForwardBatch,
-        kv: tuple[torch.Tensor, torch.Tensor],
-        rope: Rope,
-    ) -> torch.Tensor:
-        a = self.attn(rms_norm(x, self.attn_norm, self.eps), batch, kv, rope)
-        h = x + rms_norm(a, self.post_attn_norm, self.eps)
-        m = self.mlp(rms_norm(h, self.ffn_norm, self.eps))
-        return h + rms_norm(m, self.post_ffn_norm, self.eps)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        norm, eps = self.norm, self.eps
+        a = self.attn(norm(x, self.attn_norm, eps), batch, kv)
+        h = x + norm(a, self.post_attn_norm, eps)
+        m = self.mlp(norm(h, self.ffn_norm, eps))
+        return h + norm(m, self.post_ffn_norm, eps)
 
 
 class Gemma3ForCausalLM(CausalLM):

@@ -9,6 +9,7 @@ from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
 from shared.model.gemma3 import Gemma3ForCausalLM
 from shared.model.llama import LlamaForCausalLM
+from shared.model.ops_backend import ops_for
 from shared.model.weights import WeightLoader
 
 ARCHITECTURES: dict[str, type[CausalLM]] = {
@@ -24,10 +25,12 @@ def load_model(
     device: torch.device | str = "cpu",
     compute_dtype: torch.dtype = torch.float32,
     cache_dequantized: bool | None = None,
+    ops: str = "auto",
 ) -> CausalLM:
-    """`cache_dequantized` defaults to True on the CPU, where per-call dequantization dominates."""
+    """`cache_dequantized` defaults to True on the CPU, where per-call dequantization dominates;
+    `ops` picks the op implementations: "auto" (Triton on CUDA), "torch" or "triton"."""
     cfg = ModelConfig.from_gguf(f)
     if cache_dequantized is None:
         cache_dequantized = torch.device(device).type == "cpu"
-    w = WeightLoader(f, device, compute_dtype, cache_dequantized)
+    w = WeightLoader(f, device, compute_dtype, cache_dequantized, ops_for(device, ops))
     return ARCHITECTURES[cfg.arch](cfg, w).eval()

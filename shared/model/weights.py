@@ -7,6 +7,7 @@ import torch
 
 from shared.loader import GGUFError, GGUFFile
 from shared.model.linear import QuantEmbedding, QuantLinear
+from shared.model.ops_backend import TorchOps
 from shared.quant import SUPPORTED_TYPES, dequantize
 
 
@@ -17,8 +18,10 @@ class WeightLoader:
         device: torch.device | str,
         compute_dtype: torch.dtype,
         cache_dequantized: bool,
+        ops: TorchOps,
     ) -> None:
         self.f = f
+        self.ops = ops  # the op implementations the model built from these weights calls
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
         self.cache_dequantized = cache_dequantized

@@ -18,6 +18,7 @@ class WorkerConfig:
     gateway_tokens: str = "tcp://127.0.0.1:5556"
     roles: tuple[str, ...] = ROLES
     dtype: str = "float32"
+    kv_dtype: str = "auto"
     block_size: int = 16
     kv_blocks: int = 0  # 0: sized from the device (see shared.engine.factory)
     max_model_len: int = 0  # 0: the model's context, capped
@@ -26,6 +27,10 @@ class WorkerConfig:
 
     def resolved_id(self) -> str:
         return self.worker_id or f"{socket.gethostname()}-{self.device}-{os.getpid()}"
+
+
+def default_dtype(device: str) -> str:
+    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
@@ -43,7 +48,19 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         default=env("SKIFF_GATEWAY_TOKENS", WorkerConfig.gateway_tokens),
         help="the gateway's token socket (env SKIFF_GATEWAY_TOKENS)",
     )
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument(
+        "--dtype",
+        default=env("SKIFF_DTYPE", "auto"),
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="activation dtype (auto: float32 on the CPU, bfloat16 on a GPU)",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        default=env("SKIFF_KV_DTYPE", "auto"),
+        choices=["auto", "float32", "float16", "bfloat16", "fp8"],
+        help="KV cache dtype (auto: the activation dtype; fp8: e4m3 with per-token "
+        "scales, on sm_89+ GPUs)",
+    )
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks (0: size from memory)")
     p.add_argument("--max-model-len", type=int, default=0, help="context limit (0: the model's)")
@@ -57,7 +74,8 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         device=a.device,
         gateway=a.gateway,
         gateway_tokens=a.gateway_tokens,
-        dtype=a.dtype,
+        dtype=a.dtype if a.dtype != "auto" else default_dtype(a.device),
+        kv_dtype=a.kv_dtype,
         block_size=a.block_size,
         kv_blocks=a.kv_blocks,
         max_model_len=a.max_model_len,

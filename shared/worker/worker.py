@@ -175,6 +175,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             model_path=cfg.model,
             device=cfg.device,
             dtype=cfg.dtype,
+            kv_dtype=cfg.kv_dtype,
             block_size=cfg.block_size,
             max_model_len=cfg.max_model_len,
             kv_blocks=cfg.kv_blocks,

@@ -1,0 +1,137 @@
+"""RMSNorm in Triton: plain rows, per-head (QK-norm) and fused with the residual add.
+
+One program normalizes one row in registers, in float32 whatever the activation dtype, so a row
+is read once and written once. References: shared/ops/norm.py (`rms_norm`) and
+shared/ops/fused_norm.py (`add_rms_norm_ref`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# A row lives in registers; past this a looped two-pass kernel would be needed.
+_MAX_ROW = 65536
+
+
+@triton.jit
+def _rms_normalize(x, w, n_cols, eps):
+    """x, w: [BLOCK_N] float32, zero past n_cols. Returns x * rsqrt(mean(x²) + eps) * w."""
+    mean_sq = tl.sum(x * x, axis=0) / n_cols
+    return x * tl.rsqrt(mean_sq + eps) * w
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,  # [T, H, N] (H = 1 for plain rows), last dim contiguous
+    res_ptr,  # [T, N] residual, read only when HAS_RESIDUAL
+    w_ptr,  # [N]
+    out_ptr,  # [T, H, N] contiguous
+    res_out_ptr,  # [T, N] contiguous: x + residual, written only when HAS_RESIDUAL
+    stride_xt,  # int64
+    stride_xh,  # int64
+    stride_rt,  # int64
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    n_heads = tl.num_programs(1)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + t * stride_rt + cols, mask=mask, other=0.0).to(tl.float32)
+        # normalize the sum as stored (rounded to the activation dtype): rms_norm(new_residual)
+        s = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + t * n_cols + cols, s, mask=mask)
+        x = s.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = _rms_normalize(x, w, n_cols, eps)
+    tl.store(out_ptr + (t * n_heads + h) * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_weight(x: torch.Tensor, weight: torch.Tensor, n: int) -> None:
+    if x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"rms_norm: x dtype {x.dtype} is not one of float32, float16, bfloat16")
+    if weight.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"rms_norm: weight dtype {weight.dtype} is not a float dtype")
+    if weight.dim() != 1 or weight.shape[0] != n or not weight.is_contiguous():
+        raise ValueError(
+            f"rms_norm: weight must be a contiguous [{n}] vector, got {tuple(weight.shape)} "
+            f"with strides {weight.stride()}"
+        )
+    if weight.device != x.device:
+        raise ValueError(f"rms_norm: weight on {weight.device}, x on {x.device}")
+    if x.shape[-1] > _MAX_ROW:
+        raise ValueError(f"rms_norm: rows of {x.shape[-1]} exceed the {_MAX_ROW} supported")
+    if x.stride(-1) != 1:
+        raise ValueError(f"rms_norm: x's last dim must be contiguous, strides {x.stride()}")
+
+
+def _launch_config(n: int) -> tuple[int, int]:
+    block = triton.next_power_of_2(n)
+    return block, min(max(block // 256, 1), 8)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x over its last dim; returns a new contiguous tensor of x's shape and dtype.
+
+    x: [T, N] rows, or [T, heads, head_dim] for QK-norm (each head over head_dim, weight
+    [head_dim]). Only the last dim must be contiguous, so q/k views of a fused QKV output work.
+    """
+    if x.dim() not in (2, 3):
+        raise ValueError(
+            f"rms_norm: x must be [T, N] or [T, heads, head_dim], got {tuple(x.shape)}"
+        )
+    n = x.shape[-1]
+    _check_weight(x, weight, n)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    n_rows, n_heads = x.shape[0], (x.shape[1] if x.dim() == 3 else 1)
+    if out.numel() == 0:
+        return out
+    if n_heads > 65535:
+        raise ValueError(f"rms_norm: {n_heads} heads exceed the grid limit of 65535")
+    stride_h = x.stride(1) if x.dim() == 3 else 0
+    block, num_warps = _launch_config(n)
+    _rms_norm_kernel[(n_rows, n_heads)](
+        x, x, weight, out, out, x.stride(0), stride_h, 0, n, eps,
+        HAS_RESIDUAL=False, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) in one pass; both new contiguous [T, N] tensors.
+
+    The sum is taken in float32 and rounded to x's dtype; the norm reads that rounded sum, so
+    the result equals rms_norm(new_residual) exactly as the unfused code computes it.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"add_rms_norm: x must be [T, N], got {tuple(x.shape)}")
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(
+            f"add_rms_norm: residual {tuple(residual.shape)} {residual.dtype} must match x "
+            f"{tuple(x.shape)} {x.dtype}"
+        )
+    if residual.device != x.device or residual.stride(-1) != 1:
+        raise ValueError("add_rms_norm: residual must be on x's device with a contiguous last dim")
+    n = x.shape[-1]
+    _check_weight(x, weight, n)
+    normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return normed, new_residual
+    block, num_warps = _launch_config(n)
+    _rms_norm_kernel[(x.shape[0], 1)](
+        x, residual, weight, normed, new_residual, x.stride(0), 0, residual.stride(0), n, eps,
+        HAS_RESIDUAL=True, BLOCK_N=block, num_warps=num_warps,
+    )  # fmt: skip
+    return normed, new_residual

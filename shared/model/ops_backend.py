@@ -1,0 +1,141 @@
+"""Which implementation the model's ops run on a device: the torch references (CPU, and the
+oracle in tests) or the Triton kernels (GPU). Both take the same arguments, so the model code
+does not know which one it calls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shared.kv import KVPool
+from shared.model.batch import ForwardBatch
+from shared.ops import activation, norm
+from shared.ops.paged_attention import paged_attention_ref, write_kv
+from shared.ops.paged_attention_fp8 import paged_attention_fp8_ref, write_kv_fp8
+from shared.ops.rope import apply_rope, rope_angles
+
+
+class TorchOps:
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        return norm.rms_norm(x, w, eps)
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return activation.silu_mul(gate, up)
+
+    def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return activation.gelu_mul(gate, up)
+
+    def attention(
+        self,
+        q: torch.Tensor,  # [T, n_heads, head_dim]
+        k: torch.Tensor,  # [T, n_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, n_kv_heads, head_dim]
+        batch: ForwardBatch,
+        kv: KVPool,
+        layer: int,
+        rope: tuple[int, float, float, torch.Tensor | None],  # dim, base, scale, freq factors
+        neox: bool,
+        scale: float,
+        sliding_window: int,
+    ) -> torch.Tensor:
+        cos, sin = rope_angles(batch.positions, *rope)
+        q = apply_rope(q, cos, sin, neox)
+        k = apply_rope(k, cos, sin, neox)
+        kc, vc = kv.k[layer], kv.v[layer]
+        if kv.fp8:
+            ks, vs = kv.k_scale[layer], kv.v_scale[layer]
+            write_kv_fp8(kc, vc, ks, vs, k, v, batch.slot_mapping)
+            return paged_attention_fp8_ref(
+                q,
+                kc,
+                vc,
+                ks,
+                vs,
+                batch.block_tables,
+                batch.query_start_loc,
+                batch.seq_lens,
+                scale,
+                sliding_window,
+            )
+        write_kv(kc, vc, k, v, batch.slot_mapping)
+        return paged_attention_ref(
+            q,
+            kc,
+            vc,
+            batch.block_tables,
+            batch.query_start_loc,
+            batch.seq_lens,
+            scale,
+            sliding_window,
+        )
+
+
+class TritonOps(TorchOps):
+    name = "triton"
+
+    def __init__(self) -> None:
+        from shared.kernels import activation as act_k
+        from shared.kernels import norm as norm_k
+        from shared.kernels.paged_attention import paged_attention
+        from shared.kernels.rope_kv import rope_and_write_kv
+
+        self._norm, self._act = norm_k, act_k
+        self._attn, self._rope_kv = paged_attention, rope_and_write_kv
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        return self._norm.rms_norm(x, w, eps)
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self._act.silu_mul_separate(gate, up)
+
+    def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self._act.gelu_mul_separate(gate, up)
+
+    def attention(self, q, k, v, batch, kv, layer, rope, neox, scale, sliding_window):
+        dim, base, rope_scale, factors = rope
+        kc, vc = kv.k[layer], kv.v[layer]
+        ks = kv.k_scale[layer] if kv.fp8 else None
+        vs = kv.v_scale[layer] if kv.fp8 else None
+        q = self._rope_kv(
+            q,
+            k,
+            v,
+            batch.positions,
+            kc,
+            vc,
+            batch.slot_mapping,
+            dim,
+            base,
+            neox,
+            rope_scale,
+            factors,
+            ks,
+            vs,
+        )
+        return self._attn(
+            q,
+            kc,
+            vc,
+            batch.block_tables,
+            batch.query_start_loc_t,
+            batch.seq_lens_t,
+            scale,
+            sliding_window,
+            max_query_len=batch.max_query_len,
+            k_scale=ks,
+            v_scale=vs,
+            max_seq_len=batch.max_seq_len,
+        )
+
+
+def ops_for(device: torch.device | str, kind: str = "auto") -> TorchOps:
+    """'auto': Triton kernels on CUDA, torch references elsewhere."""
+    if kind == "auto":
+        kind = "triton" if torch.device(device).type == "cuda" else "torch"
+    if kind == "triton":
+        return TritonOps()
+    if kind == "torch":
+        return TorchOps()
+    raise ValueError(f"unknown ops backend '{kind}' (auto, torch or triton)")

@@ -1,0 +1,122 @@
+"""Benchmark the Triton paged attention kernel on a CUDA device (not a test).
+
+Decode: batch 1/16/64 x context 1k/8k/32k, one query per sequence; reports the KV bytes the kernel
+must read and the achieved GB/s, with the automatic split-K and with split-K off. Prefill: one
+chunk over a cached prefix; reports TFLOP/s over the causal (and windowed) query-key pairs.
+
+    python -m tools.bench_attention [--dtype bf16|fp16|fp8] [--heads 32 --kv-heads 8 --head-dim 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from shared.kernels.paged_attention import paged_attention
+from shared.ops.paged_attention_fp8 import FP8, quantize_kv_fp8
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": FP8}
+
+
+def make_cache(args: argparse.Namespace, seq_lens: list[int]) -> dict:
+    """Shuffled blocks holding every sequence's keys; FP8 caches get per-token scales."""
+    dev, bs = "cuda", args.block_size
+    n_blocks = [-(-n // bs) for n in seq_lens]
+    num_blocks = sum(n_blocks)
+    perm = torch.randperm(num_blocks, device=dev).int()
+    tables = torch.zeros(len(seq_lens), max(n_blocks), dtype=torch.int32, device=dev)
+    start = 0
+    for b, nb in enumerate(n_blocks):
+        tables[b, :nb] = perm[start : start + nb]
+        start += nb
+    shape = (num_blocks, bs, args.kv_heads, args.head_dim)
+    compute = torch.bfloat16 if args.dtype == "fp8" else DTYPES[args.dtype]
+    kv = {"block_tables": tables}
+    for name in ("k", "v"):
+        x = torch.randn(shape, device=dev, dtype=compute)
+        if args.dtype == "fp8":
+            values, scales = quantize_kv_fp8(x.flatten(0, 1))
+            kv[f"{name}_cache"] = values.view(shape)
+            kv[f"{name}_scale"] = scales.view(shape[:3])
+        else:
+            kv[f"{name}_cache"] = x
+    return kv
+
+
+def kv_bytes(args: argparse.Namespace, keys: int) -> int:
+    per_key = args.kv_heads * args.head_dim * DTYPES[args.dtype].itemsize
+    if args.dtype == "fp8":
+        per_key += args.kv_heads * 4  # float32 scale per token and head
+    return 2 * keys * per_key
+
+
+def run(args: argparse.Namespace, q_lens: list[int], seq_lens: list[int], **kw) -> float:
+    """Milliseconds per call (triton.testing.do_bench)."""
+    import triton.testing
+
+    kv = make_cache(args, seq_lens)
+    compute = torch.bfloat16 if args.dtype == "fp8" else DTYPES[args.dtype]
+    q = torch.randn(sum(q_lens), args.heads, args.head_dim, device="cuda", dtype=compute)
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    qsl = torch.tensor(starts, dtype=torch.int32, device="cuda")
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+
+    def step() -> None:
+        paged_attention(
+            q, kv["k_cache"], kv["v_cache"], kv["block_tables"], qsl, lens,
+            args.head_dim**-0.5, args.window, max_query_len=max(q_lens),
+            k_scale=kv.get("k_scale"), v_scale=kv.get("v_scale"),
+            max_seq_len=max(seq_lens), out=out, **kw,
+        )  # fmt: skip
+
+    return triton.testing.do_bench(step, warmup=25, rep=100)
+
+
+def visible_pairs(ctx: int, n: int, window: int) -> int:
+    total = 0
+    for p in range(ctx, ctx + n):
+        total += min(p + 1, window) if window else p + 1
+    return total
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="KV cache dtype")
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--window", type=int, default=0, help="sliding window (0: full attention)")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention needs a CUDA device")
+    print(f"{torch.cuda.get_device_name()}  {vars(args)}")
+
+    print("decode: KV read at the automatic split-K and with split-K off")
+    for batch in (1, 16, 64):
+        for ctx in (1024, 8192, 32768):
+            q_lens, seq_lens = [1] * batch, [ctx] * batch
+            keys = batch * (min(ctx, args.window) if args.window else ctx)
+            nbytes = kv_bytes(args, keys)
+            auto = run(args, q_lens, seq_lens)
+            one = run(args, q_lens, seq_lens, num_splits=1)
+            print(
+                f"  B={batch:3d} ctx={ctx:6d}  KV {nbytes / 1e6:9.1f} MB  "
+                f"auto {auto * 1e3:8.1f} us {nbytes / auto / 1e6:7.0f} GB/s  "
+                f"no-split {one * 1e3:8.1f} us {nbytes / one / 1e6:7.0f} GB/s"
+            )
+
+    print("prefill: one chunk over a cached prefix")
+    for ctx, n in ((0, 2048), (6144, 2048), (0, 8192), (16384, 512)):
+        ms = run(args, [n], [ctx + n])
+        flops = 4 * args.heads * args.head_dim * visible_pairs(ctx, n, args.window)
+        print(f"  chunk={n:5d} prefix={ctx:6d}  {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()

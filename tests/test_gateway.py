@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 import zmq
 from aiohttp import web
@@ -48,6 +47,8 @@ from shared.protocol import (
     encoder,
 )
 from shared.tokenizer import ChatTemplate
+
+openai = pytest.importorskip("openai")
 
 REPLY = "Hello world, this is a test"
 NAME = "smollm2"

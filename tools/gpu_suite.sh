@@ -19,6 +19,14 @@ M=.device/models
 } 2>&1 | tee "$OUT/env.txt"
 python3 -m pytest -m gpu -q -s -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.log"
 rc=${PIPESTATUS[0]}
+# The kernel tests run natively at their CUDA sizes (not only the gpu-marked ones).
+python3 -m pytest -q -rs -p no:cacheprovider -m "" tests/test_kernel_paged_attention.py \
+  tests/test_kernels_fused.py tests/test_triton_model.py 2>&1 | tee "$OUT/pytest-kernels.log"
+krc=${PIPESTATUS[0]}; [ $rc -eq 0 ] && rc=$krc
+if [ "${SKIFF_BENCH:-1}" = 1 ]; then
+  python3 -m tools.bench_attention 2>&1 | tee "$OUT/bench-attention.txt"
+  python3 -m tools.bench_fused 2>&1 | tee "$OUT/bench-fused.txt"
+fi
 # Decode speed through the engine on the largest carried synthetic model (informational).
 m=$(ls -S .device/models/synthetic/*.gguf | head -1)
 python3 -m shared.cli generate "$m" "x" --device cuda --max-tokens 64 2>&1 | tail -2 | tee "$OUT/cli.txt"

@@ -94,3 +94,39 @@ def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:
         return [out[i] for i in range(4)]
 
     assert generate(cuda) == generate("cpu")
+
+
+def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None:
+    from shared.engine import Sequence
+    from shared.engine.cuda_graphs import DecodeGraphs
+    from shared.engine.engine import LLMEngine
+    from shared.engine.model_runner import ModelRunner
+    from shared.kv import BlockManager, KVPool
+    from shared.loader import GGUFFile
+    from shared.model import load_model
+    from shared.sampling import SamplingParams, make_generator
+
+    path = next(p for p in gpu_models(synthetic_dir) if "gemma3" in p.name)
+
+    def generate(graphs: bool) -> list[list[int]]:
+        model = load_model(GGUFFile(path), cuda)
+        cfg = model.cfg
+        kv = KVPool(cfg.n_layers, 256, 16, cfg.n_kv_heads, cfg.head_dim, torch.float32, cuda)
+        g = None
+        if graphs:
+            g = DecodeGraphs(model, kv, max_seqs=32, max_model_len=1024)
+            g.capture()
+        engine = LLMEngine(ModelRunner(model, kv, cuda, g), BlockManager(256, 16), 1024, 512, 32)
+        for i in range(20):  # 20 sequences: buckets 24 and below, with padding
+            params = SamplingParams(temperature=0.8 if i % 2 else 0.0, seed=i)
+            engine.add(
+                Sequence(i, _ids(5 + 7 * i, seed=i), params, 24, generator=make_generator(i, cuda))
+            )
+        out: dict[int, list[int]] = {i: [] for i in range(20)}
+        while engine.has_work():
+            for ev in engine.step():
+                out[ev.seq_id].append(ev.token_id)
+        engine.check_integrity()
+        return [out[i] for i in range(20)]
+
+    assert generate(graphs=True) == generate(graphs=False)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shared.engine.cuda_graphs import DecodeGraphs
 from shared.engine.engine import LLMEngine
 from shared.engine.model_runner import ModelRunner
 from shared.kv import BlockManager, KVPool
@@ -29,6 +30,8 @@ class EngineConfig:
     max_batch_tokens: int = 2048
     cache_dequantized: bool | None = None  # None = yes on CPU
     prefix_caching: bool = True
+    max_seqs: int = 256
+    cuda_graphs: bool = True  # decode steps on CUDA replay captured graphs
 
 
 @dataclass
@@ -64,12 +67,16 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     kv = KVPool(
         mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, kv_dtype, cfg.device
     )
-    runner = ModelRunner(model, kv, cfg.device)
+    graphs = None
+    if cfg.cuda_graphs and torch.device(cfg.device).type == "cuda" and model.ops.name == "triton":
+        graphs = DecodeGraphs(model, kv, cfg.max_seqs, max_len)
+        graphs.capture()
+    runner = ModelRunner(model, kv, cfg.device, graphs)
     blocks = BlockManager(
         num_blocks,
         cfg.block_size,
         cfg.prefix_caching,
         f"{f.path.name}:{f.path.stat().st_size}".encode(),
     )
-    engine = LLMEngine(runner, blocks, max_len, cfg.max_batch_tokens)
+    engine = LLMEngine(runner, blocks, max_len, cfg.max_batch_tokens, cfg.max_seqs)
     return LoadedEngine(engine, load_tokenizer(f.metadata), f)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from shared.engine.cuda_graphs import DecodeGraphs
 from shared.engine.sequence import Sequence
 from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
@@ -12,11 +13,18 @@ from shared.sampling import SampleOutput, Sampler
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv: KVPool, device: torch.device | str) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv: KVPool,
+        device: torch.device | str,
+        graphs: DecodeGraphs | None = None,
+    ) -> None:
         self.model = model
         self.kv = kv
         self.device = torch.device(device)
         self.sampler = Sampler()
+        self.graphs = graphs  # decode steps replay CUDA graphs when given
 
     def run(self, work: list[tuple[Sequence, int]]) -> tuple[list[Sequence], SampleOutput | None]:
         """`work` lists (sequence, tokens to compute now). Sequences whose pending tokens all
@@ -27,7 +35,7 @@ class ModelRunner:
             finishes = start + n == seq.num_tokens
             chunks.append(
                 SeqChunk(
-                    seq.all_ids[start : start + n],
+                    seq.token_slice(start, start + n),
                     start,
                     seq.block_table,
                     "last" if finishes else "none",
@@ -36,7 +44,11 @@ class ModelRunner:
             if finishes:
                 sampled.append(seq)
         batch = ForwardBatch.build(chunks, self.kv.block_size, self.device)
-        logits = self.model(batch, self.kv)
+        decode = len(sampled) == len(work) and batch.max_query_len == 1
+        if decode and self.graphs is not None and self.graphs.fits(len(work)):
+            logits = self.graphs.run(batch)
+        else:
+            logits = self.model(batch, self.kv)
         if not sampled:
             return sampled, None
         out = self.sampler.sample(

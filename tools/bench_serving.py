@@ -1,0 +1,169 @@
+"""Serving benchmarks through HTTP (BENCHMARKS.md W2 and W3), for Skiff or llama-server alike.
+
+W2 burst: C concurrent streaming requests, random-id prompts of 512 tokens, 256 generated
+(ignore_eos): output tok/s, TTFT p50/p99, TPOT p50/p99.
+W3 co-tenant stall: 7 streams (128-token prompts, 1,500 generated); after 3 s one 32,000-token
+prompt arrives: the streams' inter-token gaps before and during its prefill, and its TTFT.
+
+Usage: python -m tools.bench_serving URL w2 --concurrency 16 64 256 [--vocab 128256]
+       python -m tools.bench_serving URL w3
+Prints one JSON line per run (and a table); a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+
+import aiohttp
+
+
+def percentile(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def random_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    low = min(1000, vocab // 8)  # away from the special tokens at both ends of a vocabulary
+    return [rng.randrange(low, vocab - low) for _ in range(n)]
+
+
+async def stream(
+    session: aiohttp.ClientSession,
+    url: str,
+    prompt: list[int],
+    max_tokens: int,
+    stamps: list[float],
+) -> dict:
+    """Streams one completion; appends the arrival time of every token chunk to `stamps`."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+    t0 = time.perf_counter()
+    n = 0
+    usage = None
+    async with session.post(f"{url}/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            return {"error": f"HTTP {resp.status}: {(await resp.text())[:200]}"}
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if "error" in chunk:
+                return {"error": str(chunk["error"])[:200]}
+            if chunk.get("usage"):
+                usage = chunk["usage"].get("completion_tokens")
+            if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
+                stamps.append(time.perf_counter())
+                n += 1
+    # a chunk can carry several tokens (or none while UTF-8 is incomplete): trust usage
+    return {"start": t0, "tokens": usage if usage is not None else n}
+
+
+def session() -> aiohttp.ClientSession:
+    # keep-alive reuse produced spurious disconnects against llama-server (GPU.md)
+    conn = aiohttp.TCPConnector(force_close=True, limit=0)
+    return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=3600))
+
+
+async def w2(url: str, c: int, vocab: int, prompt_len: int = 512, gen: int = 256) -> dict:
+    rng = random.Random(c)
+    prompts = [random_prompt(rng, prompt_len, vocab) for _ in range(c)]
+    stamps: list[list[float]] = [[] for _ in range(c)]
+    async with session() as s:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(
+            *(stream(s, url, p, gen, st) for p, st in zip(prompts, stamps, strict=True))
+        )
+        wall = time.perf_counter() - t0
+    errors = [r["error"] for r in results if "error" in r]
+    ttft = [st[0] - r["start"] for r, st in zip(results, stamps, strict=True) if st]
+    tpot = [(st[-1] - st[0]) / (len(st) - 1) for st in stamps if len(st) > 1]
+    out = sum(r.get("tokens", 0) for r in results)
+    return {
+        "workload": "W2",
+        "concurrency": c,
+        "output_tokens": out,
+        "wall_s": round(wall, 2),
+        "output_tok_s": round(out / wall, 1),
+        "ttft_p50_s": round(percentile(ttft, 50), 3),
+        "ttft_p99_s": round(percentile(ttft, 99), 3),
+        "tpot_p50_ms": round(1000 * percentile(tpot, 50), 2),
+        "tpot_p99_ms": round(1000 * percentile(tpot, 99), 2),
+        "errors": errors[:3],
+        "n_errors": len(errors),
+    }
+
+
+async def w3(url: str, vocab: int, long_len: int = 32000, streams: int = 7) -> dict:
+    rng = random.Random(3)
+    stamps: list[list[float]] = [[] for _ in range(streams)]
+    long_stamps: list[float] = []
+    async with session() as s:
+        tasks = [
+            asyncio.create_task(stream(s, url, random_prompt(rng, 128, vocab), 1500, st))
+            for st in stamps
+        ]
+        await asyncio.sleep(3.0)
+        t_long = time.perf_counter()
+        long_task = asyncio.create_task(
+            stream(s, url, random_prompt(rng, long_len, vocab), 16, long_stamps)
+        )
+        results = await asyncio.gather(*tasks, long_task)
+    errors = [r["error"] for r in results if "error" in r]
+    first = long_stamps[0] if long_stamps else float("nan")
+    before, during = [], []
+    for st in stamps:
+        for a, b in zip(st, st[1:], strict=False):
+            if b <= t_long:
+                before.append(b - a)
+            elif a >= t_long and b <= first:
+                during.append(b - a)
+            elif a < first and b > t_long:
+                during.append(b - a)  # a gap overlapping the prefill counts as during
+    ms = lambda x: round(1000 * x, 2)  # noqa: E731
+    return {
+        "workload": "W3",
+        "gap_before_median_ms": ms(percentile(before, 50)),
+        "gap_before_max_ms": ms(max(before, default=float("nan"))),
+        "gap_during_median_ms": ms(percentile(during, 50)),
+        "gap_during_max_ms": ms(max(during, default=float("nan"))),
+        "long_prompt_ttft_s": round(first - t_long, 3),
+        "gaps_during": len(during),
+        "errors": errors[:3],
+        "n_errors": len(errors),
+    }
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("url")
+    p.add_argument("workload", choices=["w2", "w3"])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--label", default="")
+    p.add_argument("--long-len", type=int, default=32000)
+    a = p.parse_args()
+    runs = []
+    if a.workload == "w2":
+        await w2(a.url, 4, a.vocab, 64, 8)  # warm-up
+        for c in a.concurrency:
+            runs.append(await w2(a.url, c, a.vocab))
+            print(json.dumps({"label": a.label, **runs[-1]}), flush=True)
+    else:
+        runs.append(await w3(a.url, a.vocab, a.long_len))
+        print(json.dumps({"label": a.label, **runs[-1]}), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -20,6 +20,10 @@
 #   CUDA_ARCH   CMAKE_CUDA_ARCHITECTURES (default 90)
 #   JOBS        parallel build jobs     (default $(nproc))
 #   EXTRA_CMAKE_ARGS  extra -D flags appended to the configure step
+#   BUILD_TIMEOUT     seconds allowed for the compile step (unset: no limit).
+#                     When it runs out the script exits 3 ("re-run to resume"),
+#                     so a long CUDA build can be split over several commands
+#                     that each fit a per-command time limit.
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -126,9 +130,18 @@ fi
 
 # 3. build
 echo "[build_llama_cpp] building llama-server llama-bench llama-quantize with $JOBS jobs"
-if ! cmake --build "$BUILD_DIR" --config Release -j "$JOBS" \
-        --target llama-server llama-bench llama-quantize; then
-    echo "[build_llama_cpp] build failed after $(( $(date +%s) - start ))s" >&2
+BUILD_CMD=(cmake --build "$BUILD_DIR" --config Release -j "$JOBS"
+           --target llama-server llama-bench llama-quantize)
+if [[ -n "${BUILD_TIMEOUT:-}" ]]; then
+    BUILD_CMD=(timeout "$BUILD_TIMEOUT" "${BUILD_CMD[@]}")
+fi
+rc=0
+"${BUILD_CMD[@]}" || rc=$?
+if [[ $rc -eq 124 ]]; then
+    echo "[build_llama_cpp] BUILD_TIMEOUT=${BUILD_TIMEOUT}s reached after $(( $(date +%s) - start ))s; re-run the same command to resume" >&2
+    exit 3
+elif [[ $rc -ne 0 ]]; then
+    echo "[build_llama_cpp] build failed (rc=$rc) after $(( $(date +%s) - start ))s" >&2
     exit 1
 fi
 

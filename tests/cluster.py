@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+DEVICE = os.environ.get("SKIFF_TEST_DEVICE", "cpu")  # cuda:0 runs the same tests on a GPU
 
 
 def free_port() -> int:
@@ -58,7 +59,7 @@ class Cluster:
         return {
             **os.environ,
             "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             "PYTHONUNBUFFERED": "1",
         }
 

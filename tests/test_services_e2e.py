@@ -16,13 +16,16 @@ import pytest
 
 from shared.loader import GGUFFile
 from shared.tokenizer import ChatTemplate, load_tokenizer
-from tests.cluster import Cluster, http_json
+from tests.cluster import DEVICE, Cluster, http_json
 from tools.synthetic_gguf import SynthSpec, write_synthetic_gguf
 
 openai = pytest.importorskip("openai")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-WORKER_ARGS = ("--kv-blocks", "192", "--max-model-len", "2048", "--max-batch-tokens", "256")
+KV_BLOCKS = "512" if DEVICE.startswith("cuda") else "192"
+WORKER_ARGS = ("--kv-blocks", KV_BLOCKS, "--max-model-len", "2048", "--max-batch-tokens", "256")
+# long enough that the streams are still running when a worker is killed 3 s in
+STREAM_TOKENS = 1800 if DEVICE.startswith("cuda") else 400
 
 
 @pytest.fixture(scope="module")

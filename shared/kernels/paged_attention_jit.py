@@ -1,0 +1,307 @@
+"""The Triton programs behind `shared.kernels.paged_attention` (see its docstring for the
+contract and the design); the wrapper there checks inputs, picks tiles and launches these."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, q_tile_id, num_seqs, BLOCK_Q: tl.constexpr):
+    # Sequence b owns programs [start(b), start(b + 1)) with start(b) = qsl[b] // BLOCK_Q + b: at
+    # least cdiv(n_query, BLOCK_Q) of them, strictly increasing even for sequences with no query.
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if start <= q_tile_id:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _fp8_e4m3_from_bytes(x):
+    # e4m3fn -> float32 without fp8 hardware (before sm_89): put sign, exponent and mantissa into
+    # an fp16 bit pattern (exponent bias 15 instead of 7, subnormals included) and rescale by 2^8.
+    # The NaN pattern 0x7f decodes to 480; the quantizer never writes it.
+    x = x.to(tl.uint16)
+    bits = ((x & 0x80) << 8) | ((x & 0x7F) << 7)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+
+
+@triton.jit
+def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr):
+    if KV_FP8:  # `other` cannot be cast to fp8: zero the masked lanes after decoding
+        x = tl.load(ptrs, mask=mask)
+        x = _fp8_e4m3_from_bytes(x) if FP8_FROM_BYTES else x.to(tl.float32)
+        x = tl.where(mask, x, 0.0)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    if INTERPRETED and x.dtype == tl.float32 and dtype == tl.bfloat16:
+        # The interpreter truncates float32 -> bfloat16; round to nearest even as the GPU does.
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    if INTERPRETED and a.dtype == tl.bfloat16:  # it would multiply bf16 bit patterns as uint16
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _attend_tile(
+    q,  # [BLOCK_M, BLOCK_D] in the compute dtype
+    m_i,  # [BLOCK_M] float32: running max of the scores (log2 units)
+    l_i,  # [BLOCK_M] float32: running sum of exp2(score - m_i)
+    acc,  # [BLOCK_M, BLOCK_D] float32: running sum of p @ V
+    tile,
+    q_pos,  # [BLOCK_M] position of each row's query in its sequence
+    seq_len,
+    sliding_window,
+    qk_scale,
+    table_ptr,  # [max_blocks] int32: this sequence's row of the block table
+    k_ptr,  # [num_blocks, block_size, head_dim] at this KV head
+    v_ptr,  # [num_blocks, block_size, head_dim] at this KV head
+    k_scale_ptr,  # [num_blocks, block_size] at this KV head (FP8 only)
+    v_scale_ptr,  # [num_blocks, block_size] at this KV head (FP8 only)
+    stride_k_b: tl.int64,
+    stride_k_t: tl.int64,
+    stride_v_b: tl.int64,
+    stride_v_t: tl.int64,
+    stride_ks_b: tl.int64,
+    stride_ks_t: tl.int64,
+    stride_vs_b: tl.int64,
+    stride_vs_t: tl.int64,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    TILE_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    FP8_FROM_BYTES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    key = tile * TILE_N + tl.arange(0, TILE_N)
+    key_ok = key < seq_len  # slots past the end may hold anything, NaN included: never load them
+    block = tl.load(table_ptr + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    slot = key % BLOCK_SIZE
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+
+    k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
+    k = _load_kv(k_ptr + k_off, d_ok[:, None] & key_ok[None, :], KV_FP8, FP8_FROM_BYTES)
+    # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
+    s = _dot(q, k.to(q.dtype), None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
+    if KV_FP8:
+        ks = tl.load(k_scale_ptr + block * stride_ks_b + slot * stride_ks_t, mask=key_ok, other=0)
+        s = s * (ks.to(tl.float32) * qk_scale)[None, :]
+    else:
+        s = s * qk_scale
+    visible = key[None, :] <= q_pos[:, None]  # also hides keys past seq_len and padding rows
+    if USE_WINDOW:
+        visible = visible & (q_pos[:, None] - key[None, :] < sliding_window)
+    s = tl.where(visible, s, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+
+    v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
+    v = _load_kv(v_ptr + v_off, key_ok[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES)
+    if KV_FP8:
+        vs = tl.load(v_scale_ptr + block * stride_vs_b + slot * stride_vs_t, mask=key_ok, other=0)
+        v = v * vs.to(tl.float32)[:, None]
+    p = _cast(p, q.dtype, INTERPRETED)
+    v = _cast(v, q.dtype, INTERPRETED)
+    acc = _dot(p, v, acc * alpha[:, None], DOT_PRECISION, INTERPRETED)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,  # [T, n_heads, head_dim] (not written with split-K)
+    part_acc_ptr,  # [num_splits, T, n_heads, head_dim] float32 (split-K only)
+    part_m_ptr,  # [num_splits, T, n_heads] float32: max score, log2 units (split-K only)
+    part_l_ptr,  # [num_splits, T, n_heads] float32: softmax denominator (split-K only)
+    q_ptr,  # [T, n_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, n_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, n_kv_heads, head_dim]
+    k_scale_ptr,  # [num_blocks, block_size, n_kv_heads] (FP8 only)
+    v_scale_ptr,  # [num_blocks, block_size, n_kv_heads] (FP8 only)
+    block_tables_ptr,  # [B, max_blocks] int32
+    query_start_loc_ptr,  # [B + 1] int32
+    seq_lens_ptr,  # [B] int32
+    num_seqs,
+    num_splits,
+    sliding_window,
+    qk_scale,  # softmax scale * log2(e)
+    stride_q_t: tl.int64,
+    stride_q_h: tl.int64,
+    stride_o_t: tl.int64,
+    stride_o_h: tl.int64,
+    stride_k_b: tl.int64,
+    stride_k_t: tl.int64,
+    stride_k_h: tl.int64,
+    stride_v_b: tl.int64,
+    stride_v_t: tl.int64,
+    stride_v_h: tl.int64,
+    stride_ks_b: tl.int64,
+    stride_ks_t: tl.int64,
+    stride_ks_h: tl.int64,
+    stride_vs_b: tl.int64,
+    stride_vs_t: tl.int64,
+    stride_vs_h: tl.int64,
+    stride_bt_b: tl.int64,
+    stride_pa_s: tl.int64,
+    stride_pa_t: tl.int64,
+    stride_pa_h: tl.int64,
+    stride_pm_s: tl.int64,
+    stride_pm_t: tl.int64,
+    stride_pm_h: tl.int64,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
+    GROUP: tl.constexpr,  # q heads per KV head
+    BLOCK_M: tl.constexpr,  # rows per program: BLOCK_Q tokens x GROUP heads, padded
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SPLITS: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    FP8_FROM_BYTES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
+):
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
+    q_begin = tl.load(query_start_loc_ptr + seq)
+    n_query = tl.load(query_start_loc_ptr + seq + 1) - q_begin
+    q_tile = tl.program_id(0) - (q_begin // BLOCK_Q + seq)
+    if q_tile * BLOCK_Q >= n_query:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context = seq_len - n_query
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < n_query)
+    q_pos = tl.where(row_ok, context + q_idx, -1)  # -1: a padding row sees no key
+    token = (q_begin + q_idx).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    io_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
+    q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
+    # operands in the cache dtype, like the reference; an FP8 cache is dequantized to q's dtype
+    q = _cast(q, q_ptr.dtype.element_ty if KV_FP8 else k_cache_ptr.dtype.element_ty, INTERPRETED)
+
+    # Key tiles this query tile can see: causal up to its last token, window from its first.
+    first_pos = context + q_tile * BLOCK_Q
+    last_pos = context + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, n_query) - 1
+    tile_lo = 0
+    if USE_WINDOW:
+        tile_lo = tl.maximum(first_pos - sliding_window + 1, 0) // TILE_N
+    tile_hi = tl.cdiv(last_pos + 1, TILE_N)
+    if USE_SPLITS:
+        per_split = tl.cdiv(tile_hi - tile_lo, num_splits)
+        tile_lo = tile_lo + split * per_split
+        tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
+
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_b
+    k_ptr = k_cache_ptr + kv_head * stride_k_h
+    v_ptr = v_cache_ptr + kv_head * stride_v_h
+    ks_ptr = k_scale_ptr + kv_head * stride_ks_h
+    vs_ptr = v_scale_ptr + kv_head * stride_vs_h
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if INTERPRETED:
+        # The interpreter cannot range() over tensor bounds with numpy >= 2.4 (triton#9171).
+        tile = tile_lo
+        while tile < tile_hi:
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, tile, q_pos, seq_len, sliding_window, qk_scale,
+                table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                stride_k_b, stride_k_t, stride_v_b, stride_v_t,
+                stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
+                HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8, FP8_FROM_BYTES,
+                DOT_PRECISION, INTERPRETED,
+            )  # fmt: skip
+            tile += 1
+    else:
+        for tile in range(tile_lo, tile_hi):
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, tile, q_pos, seq_len, sliding_window, qk_scale,
+                table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                stride_k_b, stride_k_t, stride_v_b, stride_v_t,
+                stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
+                HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8, FP8_FROM_BYTES,
+                DOT_PRECISION, INTERPRETED,
+            )  # fmt: skip
+
+    if USE_SPLITS:
+        pa_off = split * stride_pa_s + token[:, None] * stride_pa_t + head[:, None] * stride_pa_h
+        tl.store(part_acc_ptr + pa_off + d[None, :], acc, mask=io_mask)
+        pm_off = split * stride_pm_s + token * stride_pm_t + head * stride_pm_h
+        tl.store(part_m_ptr + pm_off, m_i, mask=row_ok)
+        tl.store(part_l_ptr + pm_off, l_i, mask=row_ok)
+    else:
+        o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
+        o_off = token[:, None] * stride_o_t + head[:, None] * stride_o_h + d[None, :]
+        tl.store(out_ptr + o_off, _cast(o, out_ptr.dtype.element_ty, INTERPRETED), mask=io_mask)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    out_ptr,  # [T, n_heads, head_dim]
+    part_acc_ptr,  # [num_splits, T, n_heads, head_dim] float32
+    part_m_ptr,  # [num_splits, T, n_heads] float32
+    part_l_ptr,  # [num_splits, T, n_heads] float32
+    num_splits,
+    stride_o_t: tl.int64,
+    stride_o_h: tl.int64,
+    stride_pa_s: tl.int64,
+    stride_pa_t: tl.int64,
+    stride_pa_h: tl.int64,
+    stride_pm_s: tl.int64,
+    stride_pm_t: tl.int64,
+    stride_pm_h: tl.int64,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLITS: tl.constexpr,  # num_splits rounded up to a power of two
+    INTERPRETED: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    s = tl.arange(0, SPLITS)
+    s_ok = s < num_splits
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    pm_off = s * stride_pm_s + token * stride_pm_t + head * stride_pm_h
+    m = tl.load(part_m_ptr + pm_off, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + pm_off, mask=s_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty slices weigh 0
+    pa_off = s[:, None] * stride_pa_s + token * stride_pa_t + head * stride_pa_h + d[None, :]
+    acc = tl.load(part_acc_ptr + pa_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
+    o = _cast(o, out_ptr.dtype.element_ty, INTERPRETED)
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + d, o, mask=d_ok)

@@ -26,8 +26,7 @@ SPECS = {
         vocab=320, seed=3,
     ),
     # Gemma 3 with a sliding window of 8 (5 local : 1 global layers): decode must mask the keys
-    # that prefill masked. With tied embeddings this random model predicts its input token, so
-    # its greedy output is one token repeated: the runner-ups' logprobs carry the checks.
+    # that prefill masked. The runner-ups' logprobs are compared as well as the greedy tokens.
     "gemma3": SynthSpec(
         "gemma3", n_layers=6, d_model=64, n_heads=2, n_kv_heads=1, head_dim=32, ffn_dim=128,
         vocab=320, sliding_window=8, seed=4,

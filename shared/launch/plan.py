@@ -1,0 +1,199 @@
+"""What `skiff serve` starts: its config, the devices that get a worker, the ports that join the
+processes and each process's command line."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPES = ("float32", "float16", "bfloat16")
+_DEVICE = re.compile(r"cpu|cuda:\d+")
+# The checkout this module runs from; children get it on PYTHONPATH so that they run the same code
+# as the launcher even when it was started from another directory.
+_SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything `skiff serve` was asked for, built once from its flags."""
+
+    model: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    devices: str = "auto"  # auto | cpu | cuda | comma-separated cpu / cuda:N
+    api_keys: tuple[str, ...] = ()
+    served_model_name: str | None = None
+    dtype: str | None = None  # None: each worker's default
+    max_model_len: int | None = None
+    kv_blocks: int | None = None
+    max_batch_tokens: int | None = None
+    stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model.name.removesuffix(".gguf")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeConfig:
+        return cls(
+            model=Path(args.model).expanduser().resolve(),
+            host=args.host,
+            port=args.port,
+            devices=args.devices,
+            api_keys=tuple(args.api_key or ()),
+            served_model_name=args.served_model_name,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            kv_blocks=args.kv_blocks,
+            max_batch_tokens=args.max_batch_tokens,
+            stop_timeout_s=args.stop_timeout,
+        )
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="path to a GGUF file")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument(
+        "--devices",
+        default="auto",
+        help="auto (every CUDA device, else the CPU), cpu, cuda, or a list such as cuda:0,cuda:1",
+    )
+    p.add_argument("--api-key", action="append", help="accepted bearer token; repeat for several")
+    p.add_argument("--served-model-name", default=None, help="model name of the API")
+    p.add_argument("--dtype", default=None, choices=DTYPES, help="activation dtype of workers")
+    p.add_argument("--max-model-len", type=int, default=None, help="context limit per request")
+    p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per worker")
+    p.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per step")
+    p.add_argument(
+        "--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL"
+    )
+
+
+# -- devices --------------------------------------------------------------------------------------
+
+
+def count_cuda_devices(timeout_s: float = 120.0) -> int:
+    """CUDA devices torch sees, asked of a subprocess (0 when torch or CUDA is unusable)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else 0
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+        return 0
+
+
+def resolve_devices(spec: str, cuda_count: Callable[[], int] = count_cuda_devices) -> list[str]:
+    """One device name per worker. `cuda_count` is only called when the spec needs it."""
+    spec = spec.strip().lower()
+    if spec in ("auto", "cuda"):
+        n = cuda_count()
+        if n == 0 and spec == "cuda":
+            raise ValueError("--devices cuda: torch sees no CUDA device")
+        return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
+    devices = [d.strip() for d in spec.split(",") if d.strip()]
+    if not devices:
+        raise ValueError("--devices is empty")
+    for d in devices:
+        if not _DEVICE.fullmatch(d):
+            raise ValueError(f"--devices: {d!r} is not cpu or cuda:N")
+    if len(set(devices)) != len(devices):
+        # Two workers on one device would each size their KV pool from the same free memory.
+        raise ValueError(f"--devices names a device twice: {spec}")
+    return devices
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The gateway's two ZMQ sockets, which it binds and every worker connects to."""
+
+    worker: str  # ROUTER: requests down, ready/heartbeats up
+    tokens: str  # PULL: token batches up
+
+
+def local_endpoints(host: str = "127.0.0.1") -> Endpoints:
+    # Both sockets are held open together so that the OS cannot hand out one port twice.
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(2)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        a, b = (s.getsockname()[1] for s in socks)
+    finally:
+        for s in socks:
+            s.close()
+    return Endpoints(worker=f"tcp://{host}:{a}", tokens=f"tcp://{host}:{b}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The processes to start: argv of the gateway and of each named worker."""
+
+    gateway: list[str]
+    workers: dict[str, list[str]]
+    health_url: str
+    api_url: str
+    model_name: str
+
+
+def _url_host(host: str) -> str:
+    # A wildcard address is where the server listens, not where a client can reach it.
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
+def plan_processes(
+    config: ServeConfig, devices: list[str], endpoints: Endpoints, python: str = sys.executable
+) -> Plan:
+    model = str(config.model)
+    gateway = [
+        python, "-m", "services.gateway",
+        "--model", model,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--worker-bind", endpoints.worker,
+        "--tokens-bind", endpoints.tokens,
+        # Always named, so that the name printed with the URL is the name the API accepts.
+        "--served-model-name", config.model_name,
+    ]  # fmt: skip
+    for key in config.api_keys:
+        gateway += ["--api-key", key]
+    optional = {
+        "--dtype": config.dtype,
+        "--max-model-len": config.max_model_len,
+        "--kv-blocks": config.kv_blocks,
+        "--max-batch-tokens": config.max_batch_tokens,
+    }
+    extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
+    workers = {
+        f"worker {d}": [
+            python,
+            "-m",
+            "services.decode",
+            "--model",
+            model,
+            "--device",
+            d,
+            "--gateway",
+            endpoints.worker,
+            "--gateway-tokens",
+            endpoints.tokens,
+            *extra,
+        ]  # fmt: skip
+        for d in devices
+    }
+    base = f"http://{_url_host(config.host)}:{config.port}"
+    return Plan(gateway, workers, f"{base}/health", f"{base}/v1", config.model_name)

@@ -83,3 +83,12 @@ def test_no_pickle_anywhere_in_the_code() -> None:
         if "import pickle" in p.read_text() or "send_pyobj" in p.read_text()
     ]
     assert offenders == []
+
+
+def test_wire_sampling_has_the_runtime_fields() -> None:
+    # the worker builds SamplingParams(**asdict(Sampling)): the two must keep the same fields
+    import dataclasses
+
+    from shared.sampling import SamplingParams
+
+    assert P.Sampling.__struct_fields__ == tuple(f.name for f in dataclasses.fields(SamplingParams))

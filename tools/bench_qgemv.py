@@ -1,6 +1,6 @@
 """Times the quantized GEMV kernels on CUDA and prints weight GB/s against the copy bandwidth.
 
-    python -m tools.bench_qgemv [--types Q4_0 Q8_0] [--m 1 8 32 64]
+    python -m tools.bench_qgemv [--types Q4_0 Q8_0 Q4_K] [--m 1 8 32 64] [--dtype bf16]
 
 GB/s counts the weight bytes only (x and the output are tiny at decode sizes), so the
 "of copy" column says how close a kernel comes to the device's memory bandwidth, measured in
@@ -18,7 +18,7 @@ import torch
 import triton.testing
 from gguf import GGMLQuantizationType as T
 
-from shared.kernels.qmatmul import quant_gemv_legacy
+from shared.kernels.qmatmul import quant_gemv_kquant, quant_gemv_legacy
 from shared.quant import block_geometry
 
 DEVICE = "cuda"
@@ -30,7 +30,11 @@ KERNELS: dict[T, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
     T.Q5_0: quant_gemv_legacy,
     T.Q5_1: quant_gemv_legacy,
     T.Q8_0: quant_gemv_legacy,
+    T.Q4_K: quant_gemv_kquant,
+    T.Q5_K: quant_gemv_kquant,
+    T.Q6_K: quant_gemv_kquant,
 }
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def copy_bandwidth(n_bytes: int = 1 << 30) -> float:
@@ -46,18 +50,21 @@ def random_weight(qtype: T, n: int, k: int) -> torch.Tensor:
     block_size, type_size = block_geometry(qtype)
     raw = torch.randint(0, 256, (n * k // block_size, type_size), dtype=torch.uint8, device=DEVICE)
     scales = (torch.rand(raw.shape[0], 2, device=DEVICE) * 1e-2).half().view(torch.uint8)
-    raw[:, :4] = scales  # d (and m where the type has one; K-quants: arbitrary header bytes)
+    if qtype == T.Q6_K:
+        raw[:, -2:] = scales[:, :2]  # its d is the block's last two bytes
+    else:
+        raw[:, :4] = scales  # d and m (legacy types) or d and dmin (Q4_K, Q5_K)
     return raw.reshape(n, -1)
 
 
-def bench(qtypes: list[T], ms_list: list[int], copy_gbps: float) -> None:
+def bench(qtypes: list[T], ms_list: list[int], copy_gbps: float, dtype: torch.dtype) -> None:
     print(f"{'type':<6}{'N':>7}{'K':>7}{'M':>4}{'us':>9}{'GB/s':>8}{'of copy':>9}")
     for qtype in qtypes:
         kernel = KERNELS[qtype]
         for n, k in SHAPES:
             raw = random_weight(qtype, n, k)
             for m in ms_list:
-                x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+                x = torch.randn(m, k, device=DEVICE, dtype=dtype)
                 ms = triton.testing.do_bench(
                     lambda kernel=kernel, x=x, raw=raw, qtype=qtype: kernel(x, raw, qtype),
                     return_mode="median",
@@ -73,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", nargs="+", default=[t.name for t in KERNELS])
     parser.add_argument("--m", nargs="+", type=int, default=[1, 8, 32, 64])
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_qgemv needs a CUDA device", file=sys.stderr)
@@ -80,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     qtypes = [T[name] for name in args.types]
     copy_gbps = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {copy_gbps:.0f} GB/s")
-    bench(qtypes, args.m, copy_gbps)
+    bench(qtypes, args.m, copy_gbps, DTYPES[args.dtype])
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from tools.synthetic_gguf import _vocab
+from tools.synthetic_gguf import add_byte_vocab
 
 D, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
 
@@ -37,14 +37,7 @@ def write(path: Path, layers: int = 32, context: int = 65536) -> Path:
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(500000.0)
     w.add_file_type(1)  # MOSTLY_F16
-    tokens, scores, types = _vocab(VOCAB)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    add_byte_vocab(w, VOCAB)
     one = np.ones(D, dtype=np.float32)
     layer = {
         "attn_q": mat(D, D), "attn_k": mat(KV_HEADS * HEAD_DIM, D),

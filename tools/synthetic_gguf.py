@@ -56,6 +56,18 @@ def _vocab(n: int) -> tuple[list[str], list[float], list[int]]:
     return tokens[:n], scores[:n], [int(t) for t in types[:n]]
 
 
+def add_byte_vocab(w: GGUFWriter, n: int) -> None:
+    """A SentencePiece-style vocabulary of n pieces, so llama.cpp loads the file."""
+    tokens, scores, types = _vocab(n)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
 def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
     rng = np.random.default_rng(spec.seed)
     path = Path(path)
@@ -75,14 +87,7 @@ def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
     if a == "gemma3" and spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     w.add_file_type(0)
-    tokens, scores, types = _vocab(spec.vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
+    add_byte_vocab(w, spec.vocab)
 
     def mat(out: int, inp: int, gain: float = 1.0) -> np.ndarray:
         return (rng.standard_normal((out, inp)) * gain / np.sqrt(inp)).astype(np.float32)

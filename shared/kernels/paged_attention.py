@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 import triton
-from triton.runtime.interpreter import InterpretedFunction
 
+from shared.kernels.device import interpreted
+from shared.kernels.device import num_sms as _num_sms  # a module name the tests can patch
 from shared.kernels.paged_attention_jit import (
     _combine_splits_kernel,
     _fp8_e4m3_from_bytes,
@@ -76,14 +77,7 @@ def _native_fp8(device: torch.device) -> bool:
 
 
 def _interpreted() -> bool:
-    # Whether @triton.jit built interpreter functions (TRITON_INTERPRET=1 when triton was imported).
-    return isinstance(_paged_attention_kernel, InterpretedFunction)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return interpreted(_paged_attention_kernel)
 
 
 def _check(ok: bool, msg: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,8 @@ class ForwardBatch:
     seq_lens_t: torch.Tensor  # [B] int32 on the device
     max_query_len: int
     max_seq_len: int
+    # per-forward memo of RoPE tables (key: rope parameters), so layers sharing them compute once
+    rope_tables: dict = field(default_factory=dict)
 
     @staticmethod
     def build(chunks: list[SeqChunk], block_size: int, device: torch.device | str) -> ForwardBatch:

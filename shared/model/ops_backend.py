@@ -40,7 +40,10 @@ class TorchOps:
         scale: float,
         sliding_window: int,
     ) -> torch.Tensor:
-        cos, sin = rope_angles(batch.positions, *rope)
+        key = (rope[0], rope[1], rope[2], id(rope[3]))
+        if key not in batch.rope_tables:
+            batch.rope_tables[key] = rope_angles(batch.positions, *rope)
+        cos, sin = batch.rope_tables[key]
         q = apply_rope(q, cos, sin, neox)
         k = apply_rope(k, cos, sin, neox)
         kc, vc = kv.k[layer], kv.v[layer]

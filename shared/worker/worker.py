@@ -15,6 +15,7 @@ import threading
 import traceback
 import uuid
 
+import msgspec
 import zmq
 
 from shared.engine import Sequence, TokenEvent
@@ -102,17 +103,8 @@ class WorkerLoop:
     def _admit(self, req: Generate) -> None:
         s = req.sampling
         try:
-            params = SamplingParams(
-                temperature=s.temperature,
-                top_k=s.top_k,
-                top_p=s.top_p,
-                min_p=s.min_p,
-                repetition_penalty=s.repetition_penalty,
-                presence_penalty=s.presence_penalty,
-                frequency_penalty=s.frequency_penalty,
-                seed=s.seed,
-                logprobs=s.logprobs,
-            ).validate()
+            # the wire struct and the runtime params have the same fields
+            params = SamplingParams(**msgspec.structs.asdict(s)).validate()
             if req.max_tokens < 1:
                 raise ValueError(f"max_tokens must be at least 1, got {req.max_tokens}")
             seq_id = next(self._ids)

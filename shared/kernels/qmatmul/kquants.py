@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
-from triton.runtime.interpreter import InterpretedFunction
+
+from shared.kernels.device import interpreted, num_sms
 
 __all__ = ["KQUANT_TYPES", "quant_gemv_kquant"]
 
@@ -265,17 +266,6 @@ def _q6_k_superblock(
     return part
 
 
-def _interpreted() -> bool:
-    # Whether @triton.jit built interpreter functions (TRITON_INTERPRET=1 when triton was imported).
-    return isinstance(_kquant_gemv_kernel, InterpretedFunction)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _check(x: torch.Tensor, raw: torch.Tensor, qtype: int) -> GGMLQuantizationType:
     try:
         resolved = GGMLQuantizationType(int(qtype))
@@ -315,7 +305,7 @@ def _check(x: torch.Tensor, raw: torch.Tensor, qtype: int) -> GGMLQuantizationTy
 
 def _split_k(n_tiles: int, n_super: int, device: torch.device) -> int:
     # Split the super-block loop only when the row tiles leave SMs idle, keeping >= 8 blocks each.
-    target = 4 * _num_sms(device)
+    target = 4 * num_sms(device)
     if device.type != "cuda" or n_tiles >= target:
         return 1
     return max(1, min(target // n_tiles, n_super // 8))
@@ -362,7 +352,8 @@ def quant_gemv_kquant(
     _kquant_gemv_kernel[grid](
         x, raw, target, m, n, n_super, per_split,
         x.stride(0), raw.stride(0), target.stride(0) if splits > 1 else 0, n,
-        QTYPE=int(resolved), TYPE_SIZE=_TYPE_SIZE[resolved], INTERPRETED=_interpreted(),
+        QTYPE=int(resolved), TYPE_SIZE=_TYPE_SIZE[resolved],
+        INTERPRETED=interpreted(_kquant_gemv_kernel),
         BLOCK_M=block_m, BLOCK_N=block_n, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
         num_warps=4,
     )  # fmt: skip

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType as T
-from triton.runtime.interpreter import InterpretedFunction
 
+from shared.kernels.device import interpreted, num_sms
 from shared.quant import block_geometry
 
 __all__ = ["LEGACY_TYPES", "quant_gemv_legacy"]
@@ -243,15 +243,9 @@ def _qgemv_legacy_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1  # the interpreter gains nothing from more programs
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _auto_split_k(n_programs: int, n_kblocks: int, blocks: int, device: torch.device) -> int:
     # Aim for two waves of programs; keep at least 4 iterations of K per split.
-    want = -(-2 * _sm_count(device) // n_programs)
+    want = -(-2 * num_sms(device) // n_programs)
     return max(1, min(want, n_kblocks // (4 * blocks)))
 
 
@@ -343,7 +337,7 @@ def quant_gemv_legacy(
         IS_Q8=qt == T.Q8_0,
         USE_DOT=use_dot,
         X_IS_F32=x.dtype == torch.float32,
-        INTERPRETED=isinstance(_qgemv_legacy_kernel, InterpretedFunction),
+        INTERPRETED=interpreted(_qgemv_legacy_kernel),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCKS=blocks,

@@ -1,8 +1,15 @@
-"""Linear and embedding layers whose weights stay in their GGUF block format on the device.
+"""Linear and embedding layers whose weights stay quantized on the device.
 
-The matmul dequantizes with the torch reference (bit-exact with gguf.quants) on every call;
-quantized Triton kernels replace that per type. `cache_dequantized` keeps a dequantized copy
-instead, which makes the CPU reference path fast enough to generate with.
+Three ways to multiply, chosen once at load time:
+
+- dense: float weights (F32/F16/BF16), or ``cache_dequantized`` (the CPU reference path keeps a
+  dequantized copy, which makes it fast enough to generate with);
+- packed kernels (``use_kernels``, Q4_K/Q6_K/Q8_0): the GGUF blocks are repacked into the
+  kernels' plane layout (``shared.kernels.qmatmul.packed``, bit-identical when dequantized) and
+  the raw blocks are dropped;
+- the other quantized types keep their GGUF blocks: with ``use_kernels``, decode-sized batches
+  (M <= 64) run the in-place GEMVs and larger ones dequantize (torch, bit-exact) and matmul;
+  without, every call dequantizes.
 """
 
 from __future__ import annotations
@@ -11,9 +18,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shared.kernels.qmatmul import (
+    KQUANT_TYPES,
+    LEGACY_TYPES,
+    PACKED_TYPES,
+    pack,
+    packed_matmul,
+    quant_gemv_kquant,
+    quant_gemv_legacy,
+    unpack,
+)
+from shared.kernels.qmatmul.packed import CHUNK
 from shared.quant import dequantize
 
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
+_GEMV_MAX_M = 64
 
 
 class QuantLinear(nn.Module):
@@ -25,6 +44,7 @@ class QuantLinear(nn.Module):
         compute_dtype: torch.dtype,
         bias: torch.Tensor | None = None,
         cache_dequantized: bool = False,
+        use_kernels: bool = False,
     ) -> None:
         super().__init__()
         self.qtype = qtype
@@ -32,20 +52,38 @@ class QuantLinear(nn.Module):
         self.compute_dtype = compute_dtype
         self.bias = bias
         self.raw = raw
+        self.packed = None
         self._dense: torch.Tensor | None = None
+        self._gemv = None
         if qtype in FLOAT_TYPES or cache_dequantized:
             self._dense = self._dequantize()
             if qtype in FLOAT_TYPES:
                 self.raw = None  # the dense copy is the same values; keep one
+        elif use_kernels and qtype in PACKED_TYPES and shape[1] % CHUNK[qtype] == 0:
+            self.packed = pack(raw, qtype, shape)
+            self.raw = None
+        elif use_kernels and qtype in LEGACY_TYPES:
+            self._gemv = quant_gemv_legacy
+        elif use_kernels and qtype in KQUANT_TYPES:
+            self._gemv = quant_gemv_kquant
 
     def _dequantize(self) -> torch.Tensor:
+        if self.packed is not None:
+            return unpack(self.packed).to(self.compute_dtype)
         return dequantize(self.raw, self.qtype, self.shape).to(self.compute_dtype)
 
     def weight(self) -> torch.Tensor:
         return self._dense if self._dense is not None else self._dequantize()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight(), self.bias)
+        if self.packed is not None:
+            y = packed_matmul(x.reshape(-1, self.shape[1]), self.packed)
+        elif self._gemv is not None and x.numel() <= _GEMV_MAX_M * self.shape[1]:
+            y = self._gemv(x.reshape(-1, self.shape[1]), self.raw, self.qtype)
+        else:
+            return F.linear(x, self.weight(), self.bias)
+        y = y.reshape(*x.shape[:-1], self.shape[0])
+        return y if self.bias is None else y + self.bias
 
 
 class QuantEmbedding(nn.Module):
@@ -60,3 +98,18 @@ class QuantEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.raw[ids]
         return dequantize(rows, self.qtype, (ids.numel(), self.shape[1])).to(self.compute_dtype)
+
+
+class SplitLinear(nn.Module):
+    """Several projections of the same input (Q/K/V; gate/up) as one matmul when their weights
+    share a type: the rows are concatenated at load time and the output is split into views."""
+
+    def __init__(self, parts: list[QuantLinear], sizes: list[int]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.sizes = sizes
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if len(self.parts) == 1:
+            return torch.split(self.parts[0](x), self.sizes, dim=-1)
+        return tuple(part(x) for part in self.parts)

@@ -22,9 +22,11 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.ops = w.ops
         self.layer = layer
-        self.wq = w.linear(f"{p}.attn_q", cfg.q_dim, cfg.d_model)
-        self.wk = w.linear(f"{p}.attn_k", cfg.kv_dim, cfg.d_model)
-        self.wv = w.linear(f"{p}.attn_v", cfg.kv_dim, cfg.d_model)
+        self.qkv = w.split_linear(
+            [f"{p}.attn_q", f"{p}.attn_k", f"{p}.attn_v"],
+            [cfg.q_dim, cfg.kv_dim, cfg.kv_dim],
+            cfg.d_model,
+        )
         self.wo = w.linear(f"{p}.attn_output", cfg.d_model, cfg.q_dim)
         self.q_norm = self.k_norm = None
         if w.has(f"{p}.attn_q_norm.weight"):
@@ -41,9 +43,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
-        q = self.wq(x).view(n, cfg.n_heads, cfg.head_dim)
-        k = self.wk(x).view(n, cfg.n_kv_heads, cfg.head_dim)
-        v = self.wv(x).view(n, cfg.n_kv_heads, cfg.head_dim)
+        q, k, v = self.qkv(x)
+        q = q.view(n, cfg.n_heads, cfg.head_dim)
+        k = k.view(n, cfg.n_kv_heads, cfg.head_dim)
+        v = v.view(n, cfg.n_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
             q = self.ops.rms_norm(q, self.q_norm, cfg.rms_eps)
             k = self.ops.rms_norm(k, self.k_norm, cfg.rms_eps)
@@ -66,10 +69,12 @@ class GatedMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, w: WeightLoader, layer: int, gelu: bool) -> None:
         super().__init__()
         p = f"blk.{layer}"
-        self.gate = w.linear(f"{p}.ffn_gate", cfg.ffn_dim, cfg.d_model)
-        self.up = w.linear(f"{p}.ffn_up", cfg.ffn_dim, cfg.d_model)
+        self.gate_up = w.split_linear(
+            [f"{p}.ffn_gate", f"{p}.ffn_up"], [cfg.ffn_dim, cfg.ffn_dim], cfg.d_model
+        )
         self.down = w.linear(f"{p}.ffn_down", cfg.d_model, cfg.ffn_dim)
         self.act = w.ops.gelu_mul if gelu else w.ops.silu_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.gate(x), self.up(x)))
+        gate, up = self.gate_up(x)
+        return self.down(self.act(gate, up))

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from shared.loader import GGUFError, GGUFFile
-from shared.model.linear import QuantEmbedding, QuantLinear
+from shared.model.linear import QuantEmbedding, QuantLinear, SplitLinear
 from shared.model.ops_backend import TorchOps
 from shared.quant import SUPPORTED_TYPES, dequantize
 
@@ -44,16 +44,51 @@ class WeightLoader:
         data = np.array(self.f.raw(name)).reshape(shape[0] if len(shape) > 1 else 1, -1)
         return torch.from_numpy(data).to(self.device), info.qtype
 
+    @property
+    def use_kernels(self) -> bool:
+        return self.ops.name == "triton"
+
+    def _bias(self, name: str, out_features: int) -> torch.Tensor | None:
+        if not self.has(f"{name}.bias"):
+            return None
+        return self.vector(f"{name}.bias", out_features).to(self.compute_dtype)
+
     def linear(self, name: str, out_features: int, in_features: int) -> QuantLinear:
         shape = (out_features, in_features)
         raw, qtype = self._raw(f"{name}.weight", shape)
-        bias_name = f"{name}.bias"
-        bias = (
-            self.vector(bias_name, out_features).to(self.compute_dtype)
-            if self.has(bias_name)
-            else None
+        return QuantLinear(
+            raw,
+            qtype,
+            shape,
+            self.compute_dtype,
+            self._bias(name, out_features),
+            self.cache_dequantized,
+            self.use_kernels,
         )
-        return QuantLinear(raw, qtype, shape, self.compute_dtype, bias, self.cache_dequantized)
+
+    def split_linear(self, names: list[str], outs: list[int], in_features: int) -> SplitLinear:
+        """Projections of one input; with the kernels, one matmul over the concatenated rows
+        when every weight has the same type (and all or none have a bias)."""
+        infos = [self.f.info(f"{name}.weight") for name in names]
+        biases = [self.has(f"{name}.bias") for name in names]
+        fuse = (
+            self.use_kernels
+            and not self.cache_dequantized
+            and len({i.qtype for i in infos}) == 1
+            and len(set(biases)) == 1
+        )
+        if not fuse:
+            return SplitLinear([self.linear(n, o, in_features) for n, o in zip(names, outs)], outs)
+        raws = [self._raw(f"{n}.weight", (o, in_features))[0] for n, o in zip(names, outs)]
+        bias = None
+        if biases[0]:
+            bias = torch.cat([self._bias(n, o) for n, o in zip(names, outs)])
+        raw = torch.cat(raws)
+        del raws
+        fused = QuantLinear(
+            raw, infos[0].qtype, (sum(outs), in_features), self.compute_dtype, bias, False, True
+        )
+        return SplitLinear([fused], outs)
 
     def embedding(self, name: str, vocab: int, dim: int) -> QuantEmbedding:
         raw, qtype = self._raw(name, (vocab, dim))
@@ -73,4 +108,5 @@ class WeightLoader:
             self.compute_dtype,
             None,
             self.cache_dequantized,
+            self.use_kernels,
         )

@@ -1,0 +1,141 @@
+"""Load-time repacking of GGUF blocks into the layout the fast quantized matmuls read.
+
+GGUF interleaves each block's scales with its quants and aligns blocks to 2 bytes, so a kernel
+reading it in place issues byte loads. Repacking splits every weight into plane tensors that are
+16-byte aligned and loaded as int32 words, with the quants of one "chunk" transposed so that
+nibble (or byte) ``j`` of word ``i`` belongs to sub-block ``j``::
+
+    Q4_K  q   int32 [N, K/8]    chunk = super-block of 256: nibble j of word i = element 32j + i
+          sc  uint8 [N, K/32]   6-bit scale per sub-block (unpacked from the 12 packed bytes)
+          mn  uint8 [N, K/32]   6-bit min per sub-block
+          d, dmin  fp16 [N, K/256]
+    Q6_K  q   int32 [N, K/8]    low nibbles, same order as Q4_K
+          hi  int16 [N, K/8]    bits 2j..2j+1 of half-word i = high bits of element 32j + i
+          sc  int8  [N, K/16]   scale per 16 elements
+          d   fp16  [N, K/256]
+    Q8_0  q   int32 [N, K/4]    chunk = 128 elements: byte j of word i = element 32j + i
+          d   fp16  [N, K/32]
+
+A kernel then loads one word per lane and splits it into values of different sub-blocks whose
+activations are contiguous runs ``x[32j : 32j + 32]``; no byte shuffles remain in the loop.
+The dequantized values of a packed weight (``unpack``) are bit-identical to ``gguf.quants``:
+the same float32 expressions in the same order as ``shared.quant``. The planes together are
+0-3 % larger than the GGUF blocks (Q4_K: 148 bytes per 256 instead of 144).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from gguf import GGMLQuantizationType
+
+from shared.quant.blocks import as_blocks, fp16_field, int8_field, unpack_bits
+from shared.quant.kquants import unpack_scale_min_k4
+
+__all__ = ["PACKED_TYPES", "PackedWeight", "pack", "unpack"]
+
+_T = GGMLQuantizationType
+PACKED_TYPES: frozenset[int] = frozenset({_T.Q4_K, _T.Q6_K, _T.Q8_0})
+_BLOCK = {_T.Q4_K: (256, 144), _T.Q6_K: (256, 210), _T.Q8_0: (32, 34)}
+# elements per chunk along K: every K must be a multiple of it
+CHUNK = {_T.Q4_K: 256, _T.Q6_K: 256, _T.Q8_0: 128}
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    qtype: int
+    shape: tuple[int, int]  # (N, K)
+    q: torch.Tensor
+    d: torch.Tensor
+    sc: torch.Tensor | None = None
+    mn: torch.Tensor | None = None
+    dmin: torch.Tensor | None = None
+    hi: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        planes = (self.q, self.d, self.sc, self.mn, self.dmin, self.hi)
+        return sum(t.numel() * t.element_size() for t in planes if t is not None)
+
+
+def _nibble_words(codes: torch.Tensor, n: int, chunks: int) -> torch.Tensor:
+    """codes uint8 [n * chunks, 256] (values < 16, element order) -> int32 [n, chunks * 32]:
+    nibble j of word i = element 32j + i of its chunk."""
+    by_word = codes.reshape(n, chunks, 8, 32).transpose(2, 3)  # [n, chunks, 32 (i), 8 (j)]
+    pairs = by_word.reshape(n, chunks, 32, 4, 2)
+    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()  # byte b: nibbles 2b, 2b+1
+    return packed.view(torch.int32).reshape(n, chunks * 32)
+
+
+def _pair_halfwords(codes: torch.Tensor, n: int, chunks: int) -> torch.Tensor:
+    """codes uint8 [n * chunks, 256] (values < 4) -> int16 [n, chunks * 32]: bits 2j..2j+1 of
+    half-word i = element 32j + i of its chunk."""
+    by_word = codes.reshape(n, chunks, 8, 32).transpose(2, 3).reshape(n, chunks, 32, 2, 4)
+    byte = by_word[..., 0] | (by_word[..., 1] << 2) | (by_word[..., 2] << 4) | (by_word[..., 3] << 6)
+    return byte.contiguous().view(torch.int16).reshape(n, chunks * 32)
+
+
+def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
+    """raw: uint8 GGUF rows ``[N, row_bytes]`` (any device) -> the packed planes there."""
+    qtype = _T(qtype)
+    if qtype not in PACKED_TYPES:
+        raise ValueError(f"pack: {qtype.name} has no packed layout")
+    n, k = shape
+    if k % CHUNK[qtype]:
+        raise ValueError(f"pack: K={k} is not a multiple of {CHUNK[qtype]} for {qtype.name}")
+    block, size = _BLOCK[qtype]
+    blocks = as_blocks(raw, size)
+    if blocks.shape[0] != n * k // block:
+        raise ValueError(f"pack: {blocks.shape[0]} blocks do not make a {n}x{k} {qtype.name}")
+    if qtype == _T.Q8_0:
+        qs = int8_field(blocks, 2, 34).reshape(n, k // 128, 4, 32).transpose(2, 3)
+        q = qs.contiguous().view(torch.int32).reshape(n, k // 4)
+        d = fp16_field(blocks, 0).half().reshape(n, k // 32)
+        return PackedWeight(qtype, (n, k), q=q, d=d)
+    chunks = k // 256
+    if qtype == _T.Q4_K:
+        sc, mn = unpack_scale_min_k4(blocks[:, 4:16])
+        return PackedWeight(
+            qtype,
+            (n, k),
+            q=_nibble_words(unpack_bits(blocks[:, 16:144], 4, 32), n, chunks),
+            d=fp16_field(blocks, 0).half().reshape(n, chunks),
+            dmin=fp16_field(blocks, 2).half().reshape(n, chunks),
+            sc=sc.reshape(n, k // 32).contiguous(),
+            mn=mn.reshape(n, k // 32).contiguous(),
+        )
+    return PackedWeight(  # Q6_K
+        qtype,
+        (n, k),
+        q=_nibble_words(unpack_bits(blocks[:, :128], 4, 64), n, chunks),
+        hi=_pair_halfwords(unpack_bits(blocks[:, 128:192], 2, 32), n, chunks),
+        sc=int8_field(blocks, 192, 208).reshape(n, k // 16).contiguous(),
+        d=fp16_field(blocks, 208).half().reshape(n, chunks),
+    )
+
+
+def _codes(words: torch.Tensor, bits: int, per_word: int) -> torch.Tensor:
+    """int32/int16 words [n, w] -> uint8 [n, w / 32 chunks, per_word (j), 32 (i)] fields."""
+    n, w = words.shape
+    wide = words.to(torch.int32).reshape(n, w // 32, 1, 32)
+    shifts = torch.arange(per_word, device=words.device, dtype=torch.int32).reshape(1, 1, -1, 1)
+    return ((wide >> (shifts * bits)) & ((1 << bits) - 1)).to(torch.uint8)
+
+
+def unpack(pw: PackedWeight) -> torch.Tensor:
+    """float32 ``[N, K]``: the packed weight dequantized, bit-identical to ``gguf.quants``."""
+    n, k = pw.shape
+    if pw.qtype == _T.Q8_0:
+        q = _codes(pw.q, 8, 4).view(torch.int8).reshape(n, k // 32, 32)
+        return (q * pw.d.float().reshape(n, k // 32, 1)).reshape(n, k)
+    chunks = k // 256
+    low = _codes(pw.q, 4, 8)  # [n, chunks, 8, 32]: element order within the chunk
+    if pw.qtype == _T.Q4_K:
+        scale = pw.d.float().reshape(n, chunks, 1) * pw.sc.float().reshape(n, chunks, 8)
+        offset = pw.dmin.float().reshape(n, chunks, 1) * pw.mn.float().reshape(n, chunks, 8)
+        return (scale[..., None] * low - offset[..., None]).reshape(n, k)
+    high = _codes(pw.hi, 2, 8)
+    q = (low | (high << 4)).view(torch.int8) - 32
+    scale = pw.d.float().reshape(n, chunks, 1) * pw.sc.float().reshape(n, chunks, 16)
+    return (scale.reshape(n, chunks, 8, 2, 1) * q.reshape(n, chunks, 8, 2, 16)).reshape(n, k)

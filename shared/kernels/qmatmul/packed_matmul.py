@@ -1,0 +1,190 @@
+"""``x @ W.T`` for a packed quantized weight W (``shared.kernels.qmatmul.packed``), in Triton.
+
+Two kernels share the in-register chunk dequantization of ``packed_chunk``:
+
+- ``_gemv_kernel`` (one activation row, decode at batch 1): a program owns ``BLOCK_N`` weight
+  rows, multiplies each dequantized chunk by the activations on the FMA units and keeps a
+  ``[BLOCK_N, H]`` float32 accumulator that is summed once at the end. When the row tiles alone
+  cannot fill the device the chunk loop is split over a second grid axis (split-K) and the
+  float32 partials are added afterwards.
+- ``_gemm_kernel`` (two rows and up: decode batches and prefill): a program owns a
+  ``[BLOCK_M, BLOCK_N]`` output tile, rounds each dequantized half-chunk to the activation dtype
+  (as the dense reference rounds its dequantized weight) and accumulates ``tl.dot`` products on
+  the tensor cores in float32.
+
+Tile sizes come from ``shared.kernels.qmatmul.tuning`` (per device, measured, cached on disk).
+Reference: ``x @ unpack(pw).T`` (tests/test_kernel_packed_matmul.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shared.kernels.device import interpreted, num_sms
+from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.packed_chunk import dequant_chunk
+
+__all__ = ["packed_matmul"]
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # [K] activations
+    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    out_ptr,  # [SPLITS, N] float32 partials, or [N] in the output dtype when SPLITS == 1
+    N, n_chunks, per_split, stride_q, stride_s, stride_d, stride_os,
+    QTYPE: tl.constexpr,
+    CHUNK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    H: tl.constexpr = CHUNK_K // 2
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rows < N
+    c0 = tl.program_id(1) * per_split
+    c1 = tl.minimum(c0 + per_split, n_chunks)
+    t = tl.arange(0, H)
+    acc = tl.zeros((BLOCK_N, H), dtype=tl.float32)
+    c = c0
+    while c < c1:  # a while loop: the interpreter cannot range() over tensor bounds (triton#9171)
+        v0, v1 = dequant_chunk(
+            QTYPE, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
+            stride_q, stride_s, stride_d, BLOCK_N,
+        )  # fmt: skip
+        x0 = tl.load(x_ptr + c * CHUNK_K + t).to(tl.float32)
+        x1 = tl.load(x_ptr + c * CHUNK_K + H + t).to(tl.float32)
+        acc += v0 * x0[None, :] + v1 * x1[None, :]
+        c += 1
+    y = tl.sum(acc, axis=1)
+    tl.store(out_ptr + tl.program_id(1) * stride_os + rows, y.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr,  # [M, K] activations
+    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    out_ptr,  # [M, N]
+    M, N, n_chunks, stride_xm, stride_om, stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr,
+    CHUNK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    H: tl.constexpr = CHUNK_K // 2
+    # m varies fastest, so programs that run together share (and dequantize) one weight tile
+    rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rows_m < M
+    nmask = rows < N
+    t = tl.arange(0, H)
+    x_rows = x_ptr + rows_m[:, None] * stride_xm + t[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    c = 0
+    while c < n_chunks:
+        v0, v1 = dequant_chunk(
+            QTYPE, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
+            stride_q, stride_s, stride_d, BLOCK_N,
+        )  # fmt: skip
+        x0 = tl.load(x_rows + c * CHUNK_K, mask=mmask[:, None], other=0.0)
+        x1 = tl.load(x_rows + c * CHUNK_K + H, mask=mmask[:, None], other=0.0)
+        acc = _dot_acc(acc, x0, v0, INTERPRETED)
+        acc = _dot_acc(acc, x1, v1, INTERPRETED)
+        c += 1
+    out = out_ptr + rows_m[:, None] * stride_om + rows[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _dot_acc(acc, x, w, INTERPRETED: tl.constexpr):
+    """acc + x @ w.T with w (float32 values) rounded to x's dtype first."""
+    if x.dtype == tl.float32:
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    if INTERPRETED:
+        # Its float32 -> bfloat16 cast truncates and its 16-bit dots multiply bit patterns:
+        # round to nearest even by hand and multiply the rounded values in float32.
+        if x.dtype == tl.bfloat16:
+            bits = w.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            wr = bits.to(tl.float32, bitcast=True)
+        else:
+            wr = w.to(x.dtype).to(tl.float32)
+        return tl.dot(x.to(tl.float32), tl.trans(wr), acc, input_precision="ieee")
+    return tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+
+
+def _planes(pw: PackedWeight) -> tuple[torch.Tensor, ...]:
+    # absent planes are passed as q (never read: the kernel's QTYPE branch skips them)
+    return tuple(t if t is not None else pw.q for t in (pw.q, pw.hi, pw.sc, pw.mn, pw.d, pw.dmin))
+
+
+def _strides(pw: PackedWeight) -> tuple[int, int, int]:
+    sc = pw.sc if pw.sc is not None else pw.d
+    return pw.q.stride(0), sc.stride(0), pw.d.stride(0)
+
+
+def packed_matmul(
+    x: torch.Tensor,
+    pw: PackedWeight,
+    out_dtype: torch.dtype | None = None,
+    config: dict[str, int] | None = None,
+) -> torch.Tensor:
+    """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
+
+    config overrides the tiling: ``BLOCK_N``, ``SPLIT_K``, ``num_warps`` for M = 1 and
+    ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` above.
+    """
+    n, k = pw.shape
+    if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"packed_matmul: x must be [M, {k}] float, got {tuple(x.shape)} {x.dtype}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out_dtype = out_dtype or x.dtype
+    m = x.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out
+    chunk = CHUNK[pw.qtype]
+    n_chunks = k // chunk
+    cfg = config or default_config(m, n, k, x.device)
+    interp = interpreted(_gemv_kernel)
+    if m == 1:
+        splits = cfg.get("SPLIT_K", 1)
+        per_split = triton.cdiv(n_chunks, splits)
+        splits = triton.cdiv(n_chunks, per_split)
+        target = out if splits == 1 else torch.empty((splits, n), dtype=torch.float32, device=x.device)
+        grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
+        _gemv_kernel[grid](
+            x, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n,
+            QTYPE=int(pw.qtype), CHUNK_K=chunk, BLOCK_N=cfg["BLOCK_N"], INTERPRETED=interp,
+            num_warps=cfg.get("num_warps", 4),
+        )  # fmt: skip
+        if splits > 1:
+            out.copy_(target.sum(dim=0, keepdim=True))
+        return out
+    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    _gemm_kernel[grid](
+        x, *_planes(pw), out, m, n, n_chunks, x.stride(0), out.stride(0), *_strides(pw),
+        QTYPE=int(pw.qtype), CHUNK_K=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        INTERPRETED=interp, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
+    )  # fmt: skip
+    return out
+
+
+def default_config(m: int, n: int, k: int, device: torch.device) -> dict[str, int]:
+    """Fixed tiles by M, used when no tuned entry exists for the device."""
+    if m == 1:
+        block_n = 16
+        tiles = triton.cdiv(n, block_n)
+        target = 2 * num_sms(device)
+        split = 1 if device.type != "cuda" or tiles >= target else min(triton.cdiv(target, tiles), 8)
+        return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
+    if m <= 16:
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    if m <= 64:
+        return {"BLOCK_M": triton.next_power_of_2(m), "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}

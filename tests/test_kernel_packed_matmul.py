@@ -1,0 +1,116 @@
+"""Packed quantized weights: repacking is lossless (bit-identical to gguf.quants when dequantized)
+and the Triton GEMV/GEMM over the packed planes agree with ``x @ unpack(pw).T``.
+
+On the CPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1, set by the
+environment before triton is imported); `-m gpu` adds Llama-3-8B shapes natively.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
+from shared.quant import block_geometry
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNELS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+TYPES = sorted(PACKED_TYPES)
+# byte offsets of the fp16 fields set to sane values for the matmul tests
+FP16_FIELDS = {T.Q4_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,)}
+
+
+def random_raw(qtype: T, n: int, k: int, seed: int, sane: bool = True) -> torch.Tensor:
+    """[N, row_bytes] uint8 random blocks; `sane` writes fp16 scales in ±[1e-3, 1e-2]."""
+    g = torch.Generator().manual_seed(seed)
+    block, size = block_geometry(qtype)
+    raw = torch.randint(0, 256, (n * k // block, size), dtype=torch.uint8, generator=g)
+    if sane:
+        for off in FP16_FIELDS[qtype]:
+            mag = torch.empty(raw.shape[0]).uniform_(1e-3, 1e-2, generator=g)
+            sign = torch.randint(0, 2, (raw.shape[0],), generator=g) * 2 - 1
+            raw[:, off : off + 2] = (mag * sign).half().view(torch.uint8).reshape(-1, 2)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_unpack_is_bit_identical_to_gguf(qtype: T) -> None:
+    # Random bytes everywhere: subnormal, inf and NaN scales included.
+    n, k = 24, 1024
+    raw = random_raw(qtype, n, k, seed=int(qtype), sane=False)
+    want = quants.dequantize(raw.numpy(), qtype).reshape(n, k).astype(np.float32)
+    got = unpack(pack(raw, qtype, (n, k))).numpy()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_pack_keeps_the_size(qtype: T) -> None:
+    n, k = 8, 512
+    raw = random_raw(qtype, n, k, seed=1)
+    pw = pack(raw, qtype, (n, k))
+    assert raw.numel() <= pw.nbytes <= 1.03 * raw.numel()
+    assert pw.q.dtype == torch.int32 and pw.q.is_contiguous()
+
+
+def test_pack_rejects_what_it_cannot_lay_out() -> None:
+    with pytest.raises(ValueError, match="Q4_0 has no packed layout"):
+        pack(torch.zeros(4, 18, dtype=torch.uint8), T.Q4_0, (4, 32))
+    with pytest.raises(ValueError, match="K=32 is not a multiple of 128"):
+        pack(torch.zeros(4, 34, dtype=torch.uint8), T.Q8_0, (4, 32))
+    with pytest.raises(ValueError, match="blocks do not make"):
+        pack(torch.zeros(4, 144, dtype=torch.uint8), T.Q4_K, (2, 256))
+
+
+def _check(qtype: T, n: int, k: int, m: int, dtype: torch.dtype, config=None) -> None:
+    from shared.kernels.qmatmul.packed_matmul import packed_matmul
+
+    pw = pack(random_raw(qtype, n, k, seed=n + m).to(DEVICE), qtype, (n, k))
+    w = unpack(pw)
+    g = torch.Generator(DEVICE).manual_seed(m)
+    x = torch.randn(m, k, generator=g, device=DEVICE).to(dtype)
+    # M = 1 multiplies float32 weights; the GEMM rounds them to x's dtype like the dense path
+    w_ref = w if m == 1 else w.to(dtype).float()
+    want = x.double() @ w_ref.double().T
+    got = packed_matmul(x, pw, out_dtype=torch.float32, config=config)
+    assert got.shape == (m, n)
+    err = ((got.double() - want).norm() / want.norm()).item()
+    assert err < 2e-6, f"{qtype.name} M={m} {dtype}: relative error {err:.2e}"
+    if dtype != torch.float32:
+        assert packed_matmul(x, pw, config=config).dtype == dtype
+
+
+@pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 3, 20])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_matmul_small(qtype: T, m: int, dtype: torch.dtype) -> None:
+    _check(qtype, 40, 512, m, dtype)
+
+
+@pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_packed_gemv_split_k_and_ragged_tiles(qtype: T) -> None:
+    _check(qtype, 37, 1024, 1, torch.bfloat16, config={"BLOCK_N": 16, "SPLIT_K": 3})
+    _check(qtype, 37, 512, 5, torch.bfloat16, config={"BLOCK_M": 16, "BLOCK_N": 32})
+
+
+def test_packed_matmul_rejects_a_wrong_shape() -> None:
+    from shared.kernels.qmatmul.packed_matmul import packed_matmul
+
+    pw = pack(random_raw(T.Q8_0, 4, 128, seed=0), T.Q8_0, (4, 128))
+    with pytest.raises(ValueError, match=r"x must be \[M, 128\]"):
+        packed_matmul(torch.zeros(2, 64), pw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", [(4096, 4096), (14336, 4096), (4096, 14336), (1024, 4096)])
+@pytest.mark.parametrize("m", [1, 7, 64, 512])
+def test_packed_matmul_llama3_shapes(qtype: T, shape: tuple[int, int], m: int) -> None:
+    _check(qtype, *shape, m, torch.bfloat16)

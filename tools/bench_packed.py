@@ -1,0 +1,102 @@
+"""Sweeps tile configs of the packed quantized matmuls on CUDA and prints the best per shape.
+
+    python -m tools.bench_packed [--types Q4_K Q6_K Q8_0] [--m 1 16 64 512] [--quick]
+
+Decode sizes (M <= 64) report weight GB/s (packed bytes / median time) against the copy
+bandwidth measured in the same run (read + write); prefill sizes report TFLOP/s against torch's
+bf16 matmul of the same shape. `GGUF GB/s` counts the file's bytes instead (what the W1 bound
+uses). Times are medians of ``triton.testing.do_bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+import torch
+import triton.testing
+from gguf import GGMLQuantizationType as T
+
+from shared.kernels.qmatmul.packed import pack
+from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from shared.quant import block_geometry
+from tools.bench_qgemv import copy_bandwidth, random_weight
+
+DEVICE = "cuda"
+# (N, K) of Llama-3-8B: fused QKV, attn_output, fused gate+up, ffn_down, K or V alone, lm head
+SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1024, 4096), (128256, 4096))
+
+
+def candidates(m: int, quick: bool) -> list[dict[str, int]]:
+    if m == 1:
+        grid = itertools.product((8, 16, 32, 64), (1, 2, 4, 8), (2, 4, 8))
+        out = [{"BLOCK_N": b, "SPLIT_K": s, "num_warps": w} for b, s, w in grid if b * 32 >= w * 32]
+        return out[:: 3] if quick else out
+    if m <= 64:
+        grid = itertools.product((16, 32, 64, 128), (4, 8), (2, 3))
+        return [
+            {"BLOCK_M": max(16, triton.next_power_of_2(m)), "BLOCK_N": b, "num_warps": w, "num_stages": s}
+            for b, w, s in grid
+        ]
+    grid = itertools.product((64, 128), (64, 128, 256), (4, 8), (2, 3))
+    return [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s} for bm, bn, w, s in grid]
+
+
+def timed(fn) -> float:
+    try:
+        return triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
+    except Exception as exc:  # a config the compiler refuses (resources): skip it
+        print(f"    skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+        return float("inf")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K", "Q8_0"])
+    parser.add_argument("--m", nargs="+", type=int, default=[1, 16, 64, 512])
+    parser.add_argument("--shapes", type=int, default=len(SHAPES), help="first N shapes only")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_packed needs a CUDA device", file=sys.stderr)
+        return 1
+    copy = copy_bandwidth()
+    print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {copy:.0f} GB/s")
+    for name in args.types:
+        qtype = T[name]
+        block, size = block_geometry(qtype)
+        for n, k in SHAPES[: args.shapes]:
+            pw = pack(random_weight(qtype, n, k), qtype, (n, k))
+            gguf_bytes = n * k // block * size
+            dense = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
+            for m in args.m:
+                x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+                results = []
+                for cfg in candidates(m, args.quick):
+                    ms = timed(lambda cfg=cfg: packed_matmul(x, pw, config=cfg))
+                    results.append((ms, cfg))
+                ms, cfg = min(results, key=lambda r: r[0])
+                ms_default = timed(lambda: packed_matmul(x, pw))
+                if m <= 64:
+                    gbps = pw.nbytes / ms / 1e6
+                    print(
+                        f"{name:<5}{n:>7}{k:>6} M={m:<4} {ms * 1e3:8.1f} us {gbps:6.0f} GB/s "
+                        f"({gbps / copy:.2f} of copy; GGUF {gguf_bytes / ms / 1e6:.0f} GB/s) "
+                        f"default {ms_default * 1e3:.1f} us  best {cfg}"
+                    )
+                else:
+                    ref = timed(lambda: x @ dense.T)
+                    flops = 2 * m * n * k
+                    print(
+                        f"{name:<5}{n:>7}{k:>6} M={m:<4} {ms * 1e3:8.1f} us "
+                        f"{flops / ms / 1e9:6.0f} TFLOP/s (torch bf16 {flops / ref / 1e9:.0f}) "
+                        f"default {ms_default * 1e3:.1f} us  best {cfg}"
+                    )
+                sys.stdout.flush()
+            del pw, dense
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

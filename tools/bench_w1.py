@@ -1,0 +1,86 @@
+"""W1: batch-1 decode through the engine's real path (scheduler, paged KV, CUDA graphs).
+
+    python -m tools.bench_w1 MODEL.gguf [MODEL.gguf ...] [--prompt 512] [--gen 128] [--runs 3]
+
+Per model: a 512-token prompt of random ids (prefix caching off, so every run prefills), then
+128 tokens generated greedily with EOS ignored. Prints one JSON line per model: prefill tok/s
+(prompt tokens / time to the first token), decode tok/s (tokens after the first / their time),
+the median over the runs, and the HBM bound: file bytes / 4.3 TB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HBM_BYTES_PER_S = 4.3e12
+
+
+def run_once(engine, seq_cls, params, prompt: list[int], gen: int, seq_id: int) -> tuple[float, float]:
+    seq = seq_cls(seq_id, prompt, params, gen, frozenset(), None)
+    engine.add(seq)
+    t0 = time.perf_counter()
+    t_first = t_last = None
+    n = 0
+    while engine.has_work():
+        for _ in engine.step():
+            n += 1
+            t_last = time.perf_counter()
+            t_first = t_first or t_last
+    assert n == gen, f"generated {n} tokens, wanted {gen}"
+    return len(prompt) / (t_first - t0), (n - 1) / (t_last - t_first)
+
+
+def bench(path: Path, device: str, prompt_len: int, gen: int, runs: int) -> dict:
+    from shared.engine import Sequence
+    from shared.engine.factory import EngineConfig, build_engine
+    from shared.sampling import SamplingParams
+
+    t = time.perf_counter()
+    loaded = build_engine(
+        EngineConfig(
+            model_path=str(path), device=device, dtype="bfloat16", max_model_len=prompt_len + gen + 16,
+            kv_blocks=(prompt_len + gen) // 16 + 64, max_batch_tokens=max(2048, prompt_len),
+            prefix_caching=False, max_seqs=1,
+        )
+    )  # fmt: skip
+    load_s = time.perf_counter() - t
+    engine, vocab = loaded.engine, loaded.tokenizer.vocab_size
+    params = SamplingParams(temperature=0.0).validate()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(runs + 1)]
+    run_once(engine, Sequence, params, prompts[0], 16, 0)  # warm-up (compiles, allocator)
+    pp, tg = zip(*(run_once(engine, Sequence, params, p, gen, i + 1) for i, p in enumerate(prompts[1:])))
+    size = path.stat().st_size
+    bound = HBM_BYTES_PER_S / size
+    tg_med = statistics.median(tg)
+    return {
+        "model": path.name, "file_gb": round(size / 1e9, 3), "load_s": round(load_s, 1),
+        f"pp{prompt_len}_tok_s": round(statistics.median(pp), 1), f"tg{gen}_tok_s": round(tg_med, 1),
+        "tg_runs": [round(x, 1) for x in tg], "bound_tok_s": round(bound, 1),
+        "of_bound": round(tg_med / bound, 3),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("models", nargs="+", type=Path)
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--gen", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3)
+    a = p.parse_args(argv)
+    for path in a.models:
+        print(json.dumps(bench(path, a.device, a.prompt, a.gen, a.runs)), flush=True)
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

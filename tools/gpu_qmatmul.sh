@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call for the quantized matmuls (issue: quantized kernels): native kernel tests, model
+# tests on CUDA, W1 through the engine for random 8B-shape Q4_K_M / Q6_K / Q8_0 files, a tile
+# sweep, and llama-bench on the same files (llama.cpp built in the background meanwhile).
+# Carry: .whl, .llama (stripped llama.cpp source), .device (synthetic test models).
+# Stages are bounded by timeouts so that one call fits the 10-minute limit; logs land in $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-cache
+export SKIFF_MODELS_DIR=$PWD/.device/models
+BUILD=/tmp/llama-build
+STAGES=${STAGES:-"tests w1 sweep llama"}
+[ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
+  $BUILD > /tmp/llama-build.log 2>&1 < /dev/null &
+{ date -u; echo "commit ${SKIFF_COMMIT:-unknown}"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} 2>&1 | tee "$OUT/env.txt"
+models() { for t in q4_k_m q6_k q8_0; do
+  [ -f /tmp/l3-$t.gguf ] || python3 -m tools.llama3_shape /tmp/l3-$t.gguf --type $t; done; }
+case " $STAGES " in *" tests "*)
+  timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -m "" tests/test_kernel_packed_matmul.py \
+    2>&1 | tail -15 | tee "$OUT/pytest-packed.log"
+  timeout 180 python3 -m pytest -q -rs -s -p no:cacheprovider -m gpu tests/test_gpu_model.py \
+    2>&1 | tail -15 | tee "$OUT/pytest-gpu-model.log" ;;
+esac
+case " $STAGES " in *" w1 "*)
+  models 2>&1 | tee "$OUT/models.txt"
+  timeout 240 python3 -m tools.bench_w1 /tmp/l3-q4_k_m.gguf /tmp/l3-q6_k.gguf /tmp/l3-q8_0.gguf \
+    2>&1 | tee "$OUT/w1-skiff.jsonl" ;;
+esac
+case " $STAGES " in *" sweep "*)
+  timeout ${SWEEP_S:-150} python3 -m tools.bench_packed --quick ${SWEEP_ARGS:-} 2>&1 \
+    | tee "$OUT/sweep.txt" ;;
+esac
+case " $STAGES " in *" llama "*)
+  models > /dev/null 2>&1
+  for _ in $(seq 1 300); do [ -x $BUILD/bin/llama-bench ] && break; sleep 1; done
+  tail -3 /tmp/llama-build.log > "$OUT/llama-build.txt"
+  for t in q4_k_m q6_k q8_0; do
+    timeout 90 $BUILD/bin/llama-bench -m /tmp/l3-$t.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl \
+      2>>"$OUT/llama-bench.err" | tee -a "$OUT/w1-llama.jsonl"
+  done ;;
+esac
+exit 0

@@ -32,15 +32,14 @@ def candidates(m: int, quick: bool) -> list[dict[str, int]]:
     if m == 1:
         grid = itertools.product((8, 16, 32, 64), (1, 2, 4, 8), (2, 4, 8))
         out = [{"BLOCK_N": b, "SPLIT_K": s, "num_warps": w} for b, s, w in grid if b * 32 >= w * 32]
-        return out[:: 3] if quick else out
+        return out[::3] if quick else out
     if m <= 64:
         grid = itertools.product((16, 32, 64, 128), (4, 8), (2, 3))
-        return [
-            {"BLOCK_M": max(16, triton.next_power_of_2(m)), "BLOCK_N": b, "num_warps": w, "num_stages": s}
-            for b, w, s in grid
-        ]
+        bm = max(16, triton.next_power_of_2(m))
+        return [{"BLOCK_M": bm, "BLOCK_N": b, "num_warps": w, "num_stages": s} for b, w, s in grid]
     grid = itertools.product((64, 128), (64, 128, 256), (4, 8), (2, 3))
-    return [{"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s} for bm, bn, w, s in grid]
+    keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+    return [dict(zip(keys, values, strict=True)) for values in grid]
 
 
 def timed(fn) -> float:
@@ -74,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
                 x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
                 results = []
                 for cfg in candidates(m, args.quick):
-                    ms = timed(lambda cfg=cfg: packed_matmul(x, pw, config=cfg))
+                    ms = timed(lambda cfg=cfg, x=x, pw=pw: packed_matmul(x, pw, config=cfg))
                     results.append((ms, cfg))
                 ms, cfg = min(results, key=lambda r: r[0])
-                ms_default = timed(lambda: packed_matmul(x, pw))
+                ms_default = timed(lambda x=x, pw=pw: packed_matmul(x, pw))
                 if m <= 64:
                     gbps = pw.nbytes / ms / 1e6
                     print(
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"default {ms_default * 1e3:.1f} us  best {cfg}"
                     )
                 else:
-                    ref = timed(lambda: x @ dense.T)
+                    ref = timed(lambda x=x, dense=dense: x @ dense.T)
                     flops = 2 * m * n * k
                     print(
                         f"{name:<5}{n:>7}{k:>6} M={m:<4} {ms * 1e3:8.1f} us "

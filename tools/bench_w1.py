@@ -22,7 +22,9 @@ import torch
 HBM_BYTES_PER_S = 4.3e12
 
 
-def run_once(engine, seq_cls, params, prompt: list[int], gen: int, seq_id: int) -> tuple[float, float]:
+def run_once(
+    engine, seq_cls, params, prompt: list[int], gen: int, seq_id: int
+) -> tuple[float, float]:
     seq = seq_cls(seq_id, prompt, params, gen, frozenset(), None)
     engine.add(seq)
     t0 = time.perf_counter()
@@ -45,7 +47,8 @@ def bench(path: Path, device: str, prompt_len: int, gen: int, runs: int) -> dict
     t = time.perf_counter()
     loaded = build_engine(
         EngineConfig(
-            model_path=str(path), device=device, dtype="bfloat16", max_model_len=prompt_len + gen + 16,
+            model_path=str(path), device=device, dtype="bfloat16",
+            max_model_len=prompt_len + gen + 16,
             kv_blocks=(prompt_len + gen) // 16 + 64, max_batch_tokens=max(2048, prompt_len),
             prefix_caching=False, max_seqs=1,
         )
@@ -54,15 +57,19 @@ def bench(path: Path, device: str, prompt_len: int, gen: int, runs: int) -> dict
     engine, vocab = loaded.engine, loaded.tokenizer.vocab_size
     params = SamplingParams(temperature=0.0).validate()
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(runs + 1)]
+    prompts = [
+        torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(runs + 1)
+    ]
     run_once(engine, Sequence, params, prompts[0], 16, 0)  # warm-up (compiles, allocator)
-    pp, tg = zip(*(run_once(engine, Sequence, params, p, gen, i + 1) for i, p in enumerate(prompts[1:])))
+    timings = [run_once(engine, Sequence, params, p, gen, i + 1) for i, p in enumerate(prompts[1:])]
+    pp, tg = [t[0] for t in timings], [t[1] for t in timings]
     size = path.stat().st_size
     bound = HBM_BYTES_PER_S / size
     tg_med = statistics.median(tg)
     return {
         "model": path.name, "file_gb": round(size / 1e9, 3), "load_s": round(load_s, 1),
-        f"pp{prompt_len}_tok_s": round(statistics.median(pp), 1), f"tg{gen}_tok_s": round(tg_med, 1),
+        f"pp{prompt_len}_tok_s": round(statistics.median(pp), 1),
+        f"tg{gen}_tok_s": round(tg_med, 1),
         "tg_runs": [round(x, 1) for x in tg], "bound_tok_s": round(bound, 1),
         "of_bound": round(tg_med / bound, 3),
     }  # fmt: skip

@@ -29,6 +29,7 @@ from shared.kernels.qmatmul import (
     unpack,
 )
 from shared.kernels.qmatmul.packed import CHUNK
+from shared.kernels.qmatmul.tuning import Tuner
 from shared.quant import dequantize
 
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
@@ -45,6 +46,7 @@ class QuantLinear(nn.Module):
         bias: torch.Tensor | None = None,
         cache_dequantized: bool = False,
         use_kernels: bool = False,
+        tuner: Tuner | None = None,
     ) -> None:
         super().__init__()
         self.qtype = qtype
@@ -55,6 +57,7 @@ class QuantLinear(nn.Module):
         self.packed = None
         self._dense: torch.Tensor | None = None
         self._gemv = None
+        self.tuner = tuner
         if qtype in FLOAT_TYPES or cache_dequantized:
             self._dense = self._dequantize()
             if qtype in FLOAT_TYPES:
@@ -77,7 +80,9 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            y = packed_matmul(x.reshape(-1, self.shape[1]), self.packed)
+            x2 = x.reshape(-1, self.shape[1])
+            cfg = self.tuner.config(self.packed, x2.shape[0]) if self.tuner else None
+            y = packed_matmul(x2, self.packed, config=cfg)
         elif self._gemv is not None and x.numel() <= _GEMV_MAX_M * self.shape[1]:
             y = self._gemv(x.reshape(-1, self.shape[1]), self.raw, self.qtype)
         else:

@@ -10,7 +10,7 @@ from shared.model.config import ModelConfig
 from shared.model.gemma3 import Gemma3ForCausalLM
 from shared.model.llama import LlamaForCausalLM
 from shared.model.ops_backend import ops_for
-from shared.model.weights import WeightLoader
+from shared.model.weights import WeightLoader, tune_linears
 
 ARCHITECTURES: dict[str, type[CausalLM]] = {
     "llama": LlamaForCausalLM,
@@ -33,4 +33,6 @@ def load_model(
     if cache_dequantized is None:
         cache_dequantized = torch.device(device).type == "cpu"
     w = WeightLoader(f, device, compute_dtype, cache_dequantized, ops_for(device, ops))
-    return ARCHITECTURES[cfg.arch](cfg, w).eval()
+    model = ARCHITECTURES[cfg.arch](cfg, w).eval()
+    tune_linears(model)
+    return model

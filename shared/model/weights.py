@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from shared.kernels.qmatmul.tuning import Tuner
 from shared.loader import GGUFError, GGUFFile
 from shared.model.linear import QuantEmbedding, QuantLinear, SplitLinear
 from shared.model.ops_backend import TorchOps
@@ -25,6 +26,8 @@ class WeightLoader:
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
         self.cache_dequantized = cache_dequantized
+        # tile choices of the packed matmuls, measured per device (tune_linears)
+        self.tuner = Tuner(self.device) if self.use_kernels and self.device.type == "cuda" else None
 
     def has(self, name: str) -> bool:
         return name in self.f.tensors
@@ -64,6 +67,7 @@ class WeightLoader:
             self._bias(name, out_features),
             self.cache_dequantized,
             self.use_kernels,
+            self.tuner,
         )
 
     def split_linear(self, names: list[str], outs: list[int], in_features: int) -> SplitLinear:
@@ -78,15 +82,26 @@ class WeightLoader:
             and len(set(biases)) == 1
         )
         if not fuse:
-            return SplitLinear([self.linear(n, o, in_features) for n, o in zip(names, outs)], outs)
-        raws = [self._raw(f"{n}.weight", (o, in_features))[0] for n, o in zip(names, outs)]
+            return SplitLinear(
+                [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)], outs
+            )
+        raws = [
+            self._raw(f"{n}.weight", (o, in_features))[0] for n, o in zip(names, outs, strict=True)
+        ]
         bias = None
         if biases[0]:
-            bias = torch.cat([self._bias(n, o) for n, o in zip(names, outs)])
+            bias = torch.cat([self._bias(n, o) for n, o in zip(names, outs, strict=True)])
         raw = torch.cat(raws)
         del raws
         fused = QuantLinear(
-            raw, infos[0].qtype, (sum(outs), in_features), self.compute_dtype, bias, False, True
+            raw,
+            infos[0].qtype,
+            (sum(outs), in_features),
+            self.compute_dtype,
+            bias,
+            False,
+            True,
+            self.tuner,
         )
         return SplitLinear([fused], outs)
 
@@ -109,4 +124,13 @@ class WeightLoader:
             None,
             self.cache_dequantized,
             self.use_kernels,
+            self.tuner,
         )
+
+
+def tune_linears(model: torch.nn.Module) -> None:
+    """Measure the packed matmuls' tiles for every distinct layer shape (once per device: the
+    results are cached on disk). Run before CUDA graphs are captured."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear) and module.packed is not None and module.tuner:
+            module.tuner.tune(module.packed)

@@ -9,15 +9,17 @@ nibble (or byte) ``j`` of word ``i`` belongs to sub-block ``j``::
           sc  uint8 [N, K/32]   6-bit scale per sub-block (unpacked from the 12 packed bytes)
           mn  uint8 [N, K/32]   6-bit min per sub-block
           d, dmin  fp16 [N, K/256]
-    Q6_K  q   int32 [N, K/8]    low nibbles, same order as Q4_K
-          hi  int16 [N, K/8]    bits 2j..2j+1 of half-word i = high bits of element 32j + i
-          sc  int8  [N, K/16]   scale per 16 elements
+    Q6_K  q   int32 [N, K/8]    chunk = 128 elements: nibble j of word i = low bits of element
+                                16j + i
+          hi  int16 [N, K/8]    bits 2j..2j+1 of half-word i = high bits of element 16j + i
+          sc  int8  [N, K/16]   scale per 16 elements (so one per nibble position j)
           d   fp16  [N, K/256]
     Q8_0  q   int32 [N, K/4]    chunk = 128 elements: byte j of word i = element 32j + i
           d   fp16  [N, K/32]
 
-A kernel then loads one word per lane and splits it into values of different sub-blocks whose
-activations are contiguous runs ``x[32j : 32j + 32]``; no byte shuffles remain in the loop.
+A kernel then loads one word per lane and splits it into values of different sub-blocks (one
+scale each) whose activations are contiguous runs ``x[W*j : W*j + W]`` (W = words per chunk);
+no byte shuffles remain in the loop.
 The dequantized values of a packed weight (``unpack``) are bit-identical to ``gguf.quants``:
 the same float32 expressions in the same order as ``shared.quant``. The planes together are
 0-3 % larger than the GGUF blocks (Q4_K: 148 bytes per 256 instead of 144).
@@ -39,7 +41,9 @@ _T = GGMLQuantizationType
 PACKED_TYPES: frozenset[int] = frozenset({_T.Q4_K, _T.Q6_K, _T.Q8_0})
 _BLOCK = {_T.Q4_K: (256, 144), _T.Q6_K: (256, 210), _T.Q8_0: (32, 34)}
 # elements per chunk along K: every K must be a multiple of it
-CHUNK = {_T.Q4_K: 256, _T.Q6_K: 256, _T.Q8_0: 128}
+CHUNK = {_T.Q4_K: 256, _T.Q6_K: 128, _T.Q8_0: 128}
+# int32 words per chunk (the kernels' tile width)
+WORDS = {_T.Q4_K: 32, _T.Q6_K: 16, _T.Q8_0: 32}
 
 
 @dataclass(frozen=True)
@@ -59,21 +63,22 @@ class PackedWeight:
         return sum(t.numel() * t.element_size() for t in planes if t is not None)
 
 
-def _nibble_words(codes: torch.Tensor, n: int, chunks: int) -> torch.Tensor:
-    """codes uint8 [n * chunks, 256] (values < 16, element order) -> int32 [n, chunks * 32]:
-    nibble j of word i = element 32j + i of its chunk."""
-    by_word = codes.reshape(n, chunks, 8, 32).transpose(2, 3)  # [n, chunks, 32 (i), 8 (j)]
-    pairs = by_word.reshape(n, chunks, 32, 4, 2)
+def _nibble_words(codes: torch.Tensor, n: int, words: int) -> torch.Tensor:
+    """codes uint8 (values < 16, element order, N * K in all) -> int32 [n, K / 8]: nibble j of
+    word i = element words * j + i of its chunk of 8 * words elements."""
+    by_word = codes.reshape(n, -1, 8, words).transpose(2, 3)  # [n, chunks, words (i), 8 (j)]
+    pairs = by_word.reshape(n, -1, words, 4, 2)
     packed = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()  # byte b: nibbles 2b, 2b+1
-    return packed.view(torch.int32).reshape(n, chunks * 32)
+    return packed.view(torch.int32).reshape(n, -1)
 
 
-def _pair_halfwords(codes: torch.Tensor, n: int, chunks: int) -> torch.Tensor:
-    """codes uint8 [n * chunks, 256] (values < 4) -> int16 [n, chunks * 32]: bits 2j..2j+1 of
-    half-word i = element 32j + i of its chunk."""
-    by_word = codes.reshape(n, chunks, 8, 32).transpose(2, 3).reshape(n, chunks, 32, 2, 4)
-    byte = by_word[..., 0] | (by_word[..., 1] << 2) | (by_word[..., 2] << 4) | (by_word[..., 3] << 6)
-    return byte.contiguous().view(torch.int16).reshape(n, chunks * 32)
+def _pair_halfwords(codes: torch.Tensor, n: int, words: int) -> torch.Tensor:
+    """codes uint8 (values < 4, element order) -> int16 [n, K / 8]: bits 2j..2j+1 of half-word
+    i = element words * j + i of its chunk."""
+    by_word = codes.reshape(n, -1, 8, words).transpose(2, 3).reshape(n, -1, words, 2, 4)
+    b = by_word
+    byte = b[..., 0] | (b[..., 1] << 2) | (b[..., 2] << 4) | (b[..., 3] << 6)
+    return byte.contiguous().view(torch.int16).reshape(n, -1)
 
 
 def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
@@ -99,7 +104,7 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
         return PackedWeight(
             qtype,
             (n, k),
-            q=_nibble_words(unpack_bits(blocks[:, 16:144], 4, 32), n, chunks),
+            q=_nibble_words(unpack_bits(blocks[:, 16:144], 4, 32), n, 32),
             d=fp16_field(blocks, 0).half().reshape(n, chunks),
             dmin=fp16_field(blocks, 2).half().reshape(n, chunks),
             sc=sc.reshape(n, k // 32).contiguous(),
@@ -108,17 +113,17 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
     return PackedWeight(  # Q6_K
         qtype,
         (n, k),
-        q=_nibble_words(unpack_bits(blocks[:, :128], 4, 64), n, chunks),
-        hi=_pair_halfwords(unpack_bits(blocks[:, 128:192], 2, 32), n, chunks),
+        q=_nibble_words(unpack_bits(blocks[:, :128], 4, 64), n, 16),
+        hi=_pair_halfwords(unpack_bits(blocks[:, 128:192], 2, 32), n, 16),
         sc=int8_field(blocks, 192, 208).reshape(n, k // 16).contiguous(),
         d=fp16_field(blocks, 208).half().reshape(n, chunks),
     )
 
 
-def _codes(words: torch.Tensor, bits: int, per_word: int) -> torch.Tensor:
-    """int32/int16 words [n, w] -> uint8 [n, w / 32 chunks, per_word (j), 32 (i)] fields."""
+def _codes(words: torch.Tensor, bits: int, per_word: int, width: int = 32) -> torch.Tensor:
+    """int32/int16 words [n, w] -> uint8 [n, w / width chunks, per_word (j), width (i)] fields."""
     n, w = words.shape
-    wide = words.to(torch.int32).reshape(n, w // 32, 1, 32)
+    wide = words.to(torch.int32).reshape(n, w // width, 1, width)
     shifts = torch.arange(per_word, device=words.device, dtype=torch.int32).reshape(1, 1, -1, 1)
     return ((wide >> (shifts * bits)) & ((1 << bits) - 1)).to(torch.uint8)
 
@@ -129,13 +134,14 @@ def unpack(pw: PackedWeight) -> torch.Tensor:
     if pw.qtype == _T.Q8_0:
         q = _codes(pw.q, 8, 4).view(torch.int8).reshape(n, k // 32, 32)
         return (q * pw.d.float().reshape(n, k // 32, 1)).reshape(n, k)
-    chunks = k // 256
-    low = _codes(pw.q, 4, 8)  # [n, chunks, 8, 32]: element order within the chunk
+    supers = k // 256
     if pw.qtype == _T.Q4_K:
-        scale = pw.d.float().reshape(n, chunks, 1) * pw.sc.float().reshape(n, chunks, 8)
-        offset = pw.dmin.float().reshape(n, chunks, 1) * pw.mn.float().reshape(n, chunks, 8)
+        low = _codes(pw.q, 4, 8)  # [n, supers, 8, 32]: element order within the super-block
+        scale = pw.d.float().reshape(n, supers, 1) * pw.sc.float().reshape(n, supers, 8)
+        offset = pw.dmin.float().reshape(n, supers, 1) * pw.mn.float().reshape(n, supers, 8)
         return (scale[..., None] * low - offset[..., None]).reshape(n, k)
-    high = _codes(pw.hi, 2, 8)
+    low = _codes(pw.q, 4, 8, 16)  # [n, chunks of 128, 8, 16]: one scale per 16 elements
+    high = _codes(pw.hi, 2, 8, 16)
     q = (low | (high << 4)).view(torch.int8) - 32
-    scale = pw.d.float().reshape(n, chunks, 1) * pw.sc.float().reshape(n, chunks, 16)
-    return (scale.reshape(n, chunks, 8, 2, 1) * q.reshape(n, chunks, 8, 2, 16)).reshape(n, k)
+    scale = pw.d.float().reshape(n, supers, 1) * pw.sc.float().reshape(n, supers, 16)
+    return (scale.reshape(n, k // 16, 1) * q.reshape(n, k // 16, 16)).reshape(n, k)

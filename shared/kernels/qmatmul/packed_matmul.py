@@ -23,8 +23,8 @@ import triton
 import triton.language as tl
 
 from shared.kernels.device import interpreted, num_sms
-from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
-from shared.kernels.qmatmul.packed_chunk import dequant_chunk
+from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
+from shared.kernels.qmatmul.packed_chunk import group, load_chunk
 
 __all__ = ["packed_matmul"]
 
@@ -38,29 +38,68 @@ def _gemv_kernel(
     out_ptr,  # [SPLITS, N] float32 partials, or [N] in the output dtype when SPLITS == 1
     N, n_chunks, per_split, stride_q, stride_s, stride_d, stride_os,
     QTYPE: tl.constexpr,
-    CHUNK_K: tl.constexpr,
+    W: tl.constexpr,  # words per chunk
+    G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    H: tl.constexpr = CHUNK_K // 2
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rows < N
     c0 = tl.program_id(1) * per_split
     c1 = tl.minimum(c0 + per_split, n_chunks)
-    t = tl.arange(0, H)
-    acc = tl.zeros((BLOCK_N, H), dtype=tl.float32)
-    c = c0
-    while c < c1:  # a while loop: the interpreter cannot range() over tensor bounds (triton#9171)
-        v0, v1 = dequant_chunk(
-            QTYPE, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
-            stride_q, stride_s, stride_d, BLOCK_N,
-        )  # fmt: skip
-        x0 = tl.load(x_ptr + c * CHUNK_K + t).to(tl.float32)
-        x1 = tl.load(x_ptr + c * CHUNK_K + H + t).to(tl.float32)
-        acc += v0 * x0[None, :] + v1 * x1[None, :]
-        c += 1
+    acc = tl.zeros((BLOCK_N, W), dtype=tl.float32)
+    if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
+        c = c0
+        while c < c1:
+            acc = _gemv_chunk(
+                acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+                stride_q, stride_s, stride_d, QTYPE, W, G,
+            )  # fmt: skip
+            c += 1
+    else:
+        for c in range(c0, c1):
+            acc = _gemv_chunk(
+                acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+                stride_q, stride_s, stride_d, QTYPE, W, G,
+            )  # fmt: skip
     y = tl.sum(acc, axis=1)
-    tl.store(out_ptr + tl.program_id(1) * stride_os + rows, y.to(out_ptr.dtype.element_ty), mask=nmask)
+    out = out_ptr + tl.program_id(1) * stride_os + rows
+    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _gemv_chunk(
+    acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+):  # fmt: skip
+    i = tl.arange(0, W)
+    w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    for j in tl.static_range(G):
+        val = group(
+            QTYPE, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
+            stride_s, stride_d,
+        )  # fmt: skip
+        xj = tl.load(x_ptr + c * (W * G) + j * W + i).to(tl.float32)
+        acc += val * xj[None, :]
+    return acc
+
+
+@triton.jit
+def _gemm_chunk(
+    acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr, INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    for j in tl.static_range(G):
+        val = group(
+            QTYPE, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
+            stride_s, stride_d,
+        )  # fmt: skip
+        xj = tl.load(x_rows + c * (W * G) + j * W, mask=mmask[:, None], other=0.0)
+        acc = _dot_acc(acc, xj, val, INTERPRETED)
+    return acc
 
 
 @triton.jit
@@ -70,31 +109,34 @@ def _gemm_kernel(
     out_ptr,  # [M, N]
     M, N, n_chunks, stride_xm, stride_om, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr,
-    CHUNK_K: tl.constexpr,
+    W: tl.constexpr,
+    G: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    H: tl.constexpr = CHUNK_K // 2
     # m varies fastest, so programs that run together share (and dequantize) one weight tile
     rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rows_m < M
     nmask = rows < N
-    t = tl.arange(0, H)
-    x_rows = x_ptr + rows_m[:, None] * stride_xm + t[None, :]
+    i = tl.arange(0, W)
+    x_rows = x_ptr + rows_m[:, None] * stride_xm + i[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    c = 0
-    while c < n_chunks:
-        v0, v1 = dequant_chunk(
-            QTYPE, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
-            stride_q, stride_s, stride_d, BLOCK_N,
-        )  # fmt: skip
-        x0 = tl.load(x_rows + c * CHUNK_K, mask=mmask[:, None], other=0.0)
-        x1 = tl.load(x_rows + c * CHUNK_K + H, mask=mmask[:, None], other=0.0)
-        acc = _dot_acc(acc, x0, v0, INTERPRETED)
-        acc = _dot_acc(acc, x1, v1, INTERPRETED)
-        c += 1
+    if INTERPRETED:
+        c = 0
+        while c < n_chunks:
+            acc = _gemm_chunk(
+                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
+                nmask, stride_q, stride_s, stride_d, QTYPE, W, G, INTERPRETED,
+            )  # fmt: skip
+            c += 1
+    else:
+        for c in range(n_chunks):
+            acc = _gemm_chunk(
+                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
+                nmask, stride_q, stride_s, stride_d, QTYPE, W, G, INTERPRETED,
+            )  # fmt: skip
     out = out_ptr + rows_m[:, None] * stride_om + rows[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
@@ -127,6 +169,11 @@ def _strides(pw: PackedWeight) -> tuple[int, int, int]:
     return pw.q.stride(0), sc.stride(0), pw.d.stride(0)
 
 
+def _fields(pw: PackedWeight) -> dict[str, int]:
+    words = WORDS[pw.qtype]
+    return {"QTYPE": int(pw.qtype), "W": words, "G": CHUNK[pw.qtype] // words}
+
+
 def packed_matmul(
     x: torch.Tensor,
     pw: PackedWeight,
@@ -148,19 +195,20 @@ def packed_matmul(
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    chunk = CHUNK[pw.qtype]
-    n_chunks = k // chunk
+    n_chunks = k // CHUNK[pw.qtype]
     cfg = config or default_config(m, n, k, x.device)
-    interp = interpreted(_gemv_kernel)
+    interp = interpreted(_gemm_kernel)
     if m == 1:
         splits = cfg.get("SPLIT_K", 1)
         per_split = triton.cdiv(n_chunks, splits)
         splits = triton.cdiv(n_chunks, per_split)
-        target = out if splits == 1 else torch.empty((splits, n), dtype=torch.float32, device=x.device)
+        target = out
+        if splits > 1:
+            target = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
         _gemv_kernel[grid](
             x, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n,
-            QTYPE=int(pw.qtype), CHUNK_K=chunk, BLOCK_N=cfg["BLOCK_N"], INTERPRETED=interp,
+            **_fields(pw), BLOCK_N=cfg["BLOCK_N"], INTERPRETED=interp,
             num_warps=cfg.get("num_warps", 4),
         )  # fmt: skip
         if splits > 1:
@@ -169,22 +217,26 @@ def packed_matmul(
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     _gemm_kernel[grid](
         x, *_planes(pw), out, m, n, n_chunks, x.stride(0), out.stride(0), *_strides(pw),
-        QTYPE=int(pw.qtype), CHUNK_K=chunk, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        INTERPRETED=interp, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
+        **_fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERPRETED=interp,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
     return out
 
 
-def default_config(m: int, n: int, k: int, device: torch.device) -> dict[str, int]:
-    """Fixed tiles by M, used when no tuned entry exists for the device."""
+def default_config(
+    m: int, n: int, k: int, device: torch.device, block_n: int = 32
+) -> dict[str, int]:
+    """Fixed tiles by M, used when no tuned entry exists for the device. For M = 1 the chunk loop
+    is split when the row tiles would leave SMs idle (partials summed afterwards)."""
     if m == 1:
-        block_n = 16
         tiles = triton.cdiv(n, block_n)
         target = 2 * num_sms(device)
-        split = 1 if device.type != "cuda" or tiles >= target else min(triton.cdiv(target, tiles), 8)
-        return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
+        split = 1
+        if device.type == "cuda" and tiles < target:
+            split = min(triton.cdiv(target, tiles), 8)
+        return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 2}
     if m <= 16:
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:
-        return {"BLOCK_M": triton.next_power_of_2(m), "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}

@@ -1,0 +1,120 @@
+"""Per-device tile choices for the packed quantized matmuls, measured once and kept on disk.
+
+The best config depends on the device (SM count, memory system), the weight type and shape and
+the number of activation rows, so a ``Tuner`` times a few candidates per
+``(device, type, N, K, M bucket)`` with ``triton.testing.do_bench`` and stores the winner in
+``$SKIFF_CACHE_DIR/qmatmul-tuning.json`` (default ``~/.cache/skiff``), keyed by the device's
+name and compute capability. Later loads read the file and time nothing. Unknown keys fall back
+to ``packed_matmul.default_config``.
+
+The model loader tunes every packed layer shape before CUDA graphs are captured (timing cannot
+run inside a capture); tools/bench_packed.py sweeps wider grids by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+from shared.kernels.qmatmul.packed import PackedWeight
+from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
+
+__all__ = ["BUCKETS", "Tuner", "bucket", "device_key"]
+
+BUCKETS = (1, 16, 64, 512)  # representative M of each bucket: decode 1, <= 16, <= 64, prefill
+
+
+def bucket(m: int) -> int:
+    return next((b for b in BUCKETS[:-1] if m <= b), BUCKETS[-1])
+
+
+def device_key(device: torch.device) -> str:
+    props = torch.cuda.get_device_properties(device)
+    return f"{props.name}|sm{props.major}{props.minor}|{props.multi_processor_count}sm"
+
+
+def candidates(m: int, n: int, device: torch.device) -> list[dict[str, int]]:
+    if m == 1:
+        out = []
+        for b in (16, 32, 64):
+            split = default_config(1, n, 0, device, block_n=b)["SPLIT_K"]
+            out += [{"BLOCK_N": b, "SPLIT_K": split, "num_warps": w} for w in (1, 2, 4)]
+        return out
+    if m <= 16:
+        return [{"BLOCK_M": 16, "BLOCK_N": b, "num_warps": 4, "num_stages": 2} for b in (32, 64)]
+    if m <= 64:
+        return [
+            {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3}
+            for b, w in ((32, 4), (64, 4), (64, 8))
+        ]
+    return [
+        {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
+        for bm, bn, w, s in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3))
+    ]
+
+
+class Tuner:
+    """Tile configs for one device; ``config`` is a dictionary lookup (safe inside graphs)."""
+
+    def __init__(self, device: torch.device, cache_dir: Path | None = None) -> None:
+        self.device = torch.device(device)
+        root = cache_dir or Path(
+            os.environ.get("SKIFF_CACHE_DIR") or Path.home() / ".cache" / "skiff"
+        )
+        self.path = root / "qmatmul-tuning.json"
+        self.prefix = device_key(self.device) if self.device.type == "cuda" else "cpu"
+        self.table: dict[str, dict[str, int]] = {}
+        with contextlib.suppress(OSError, ValueError):
+            self.table = json.loads(self.path.read_text())
+
+    def _key(self, pw: PackedWeight, m_bucket: int) -> str:
+        n, k = pw.shape
+        return f"{self.prefix}|{int(pw.qtype)}|{n}x{k}|m{m_bucket}"
+
+    def config(self, pw: PackedWeight, m: int) -> dict[str, int]:
+        found = self.table.get(self._key(pw, bucket(m)))
+        return found or default_config(m, pw.shape[0], pw.shape[1], self.device)
+
+    def tune(self, pw: PackedWeight) -> None:
+        """Time the candidates for every bucket of this weight's shape that has no entry yet."""
+        if self.device.type != "cuda":
+            return
+        changed = False
+        for m in BUCKETS:
+            key = self._key(pw, m)
+            if key in self.table:
+                continue
+            x = torch.randn(m, pw.shape[1], device=self.device, dtype=torch.bfloat16)
+            best, best_ms = None, float("inf")
+            for cfg in candidates(m, pw.shape[0], self.device):
+                try:
+                    ms = triton.testing.do_bench(
+                        lambda cfg=cfg, x=x: packed_matmul(x, pw, config=cfg),
+                        warmup=5,
+                        rep=20,
+                        return_mode="median",
+                    )
+                except (triton.runtime.errors.OutOfResources, RuntimeError):
+                    continue  # a tile this device cannot hold
+                if ms < best_ms:
+                    best, best_ms = cfg, ms
+            if best is not None:
+                self.table[key] = best
+                changed = True
+        if changed:
+            self._save()
+
+    def _save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.table, indent=1, sort_keys=True))
+            tmp.replace(self.path)  # atomic: concurrent workers never read half a file
+        except OSError:
+            pass  # a read-only cache only costs re-tuning next time

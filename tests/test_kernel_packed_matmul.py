@@ -79,7 +79,9 @@ def _check(qtype: T, n: int, k: int, m: int, dtype: torch.dtype, config=None) ->
     got = packed_matmul(x, pw, out_dtype=torch.float32, config=config)
     assert got.shape == (m, n)
     err = ((got.double() - want).norm() / want.norm()).item()
-    assert err < 2e-6, f"{qtype.name} M={m} {dtype}: relative error {err:.2e}"
+    # tensor cores add products in an order (and alignment) of their own: looser on the GPU
+    tol = 2e-5 if m > 1 and DEVICE == "cuda" else 2e-6
+    assert err < tol, f"{qtype.name} M={m} {dtype}: relative error {err:.2e}"
     if dtype != torch.float32:
         assert packed_matmul(x, pw, config=config).dtype == dtype
 

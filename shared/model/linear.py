@@ -81,7 +81,7 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             x2 = x.reshape(-1, self.shape[1])
-            cfg = self.tuner.config(self.packed, x2.shape[0]) if self.tuner else None
+            cfg = self.tuner.config(self.packed, x2.shape[0], x2.dtype) if self.tuner else None
             y = packed_matmul(x2, self.packed, config=cfg)
         elif self._gemv is not None and x.numel() <= _GEMV_MAX_M * self.shape[1]:
             y = self._gemv(x.reshape(-1, self.shape[1]), self.raw, self.qtype)

@@ -133,4 +133,4 @@ def tune_linears(model: torch.nn.Module) -> None:
     results are cached on disk). Run before CUDA graphs are captured."""
     for module in model.modules():
         if isinstance(module, QuantLinear) and module.packed is not None and module.tuner:
-            module.tuner.tune(module.packed)
+            module.tuner.tune(module.packed, module.compute_dtype)

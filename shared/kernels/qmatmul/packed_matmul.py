@@ -57,11 +57,18 @@ def _gemv_kernel(
             )  # fmt: skip
             c += 1
     else:
+        # Prefetch: chunk c + 1's words are requested before chunk c is multiplied, so each
+        # program keeps two chunks of loads in flight instead of waiting out every one.
+        w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, nmask & (c0 < c1), c0, stride_q, W)
         for c in range(c0, c1):
-            acc = _gemv_chunk(
-                acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-                stride_q, stride_s, stride_d, QTYPE, W, G,
+            w2, wh2, h2 = load_chunk(
+                QTYPE, q_ptr, hi_ptr, rows, nmask & (c + 1 < c1), c + 1, stride_q, W
+            )
+            acc = _gemv_groups(
+                acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+                stride_s, stride_d, QTYPE, W, G,
             )  # fmt: skip
+            w, wh, h = w2, wh2, h2
     y = tl.sum(acc, axis=1)
     out = out_ptr + tl.program_id(1) * stride_os + rows
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=nmask)
@@ -73,8 +80,19 @@ def _gemv_chunk(
     stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
-    i = tl.arange(0, W)
     w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    return _gemv_groups(
+        acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+        stride_s, stride_d, QTYPE, W, G,
+    )  # fmt: skip
+
+
+@triton.jit
+def _gemv_groups(
+    acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, stride_s, stride_d,
+    QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+):  # fmt: skip
+    i = tl.arange(0, W)
     for j in tl.static_range(G):
         val = group(
             QTYPE, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
@@ -214,13 +232,26 @@ def packed_matmul(
         if splits > 1:
             out.copy_(target.sum(dim=0, keepdim=True))
         return out
+    try:
+        _launch_gemm(x, pw, out, cfg, interp)
+    except triton.runtime.errors.OutOfResources:
+        _launch_gemm(x, pw, out, _SMALL_TILE, interp)  # a tile tuned for another dtype
+    return out
+
+
+# fits any type and activation dtype
+_SMALL_TILE = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
+
+
+def _launch_gemm(x, pw, out, cfg, interp) -> None:
+    m, n = out.shape
+    n_chunks = pw.shape[1] // CHUNK[pw.qtype]
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     _gemm_kernel[grid](
         x, *_planes(pw), out, m, n, n_chunks, x.stride(0), out.stride(0), *_strides(pw),
         **_fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERPRETED=interp,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
-    return out
 
 
 def default_config(

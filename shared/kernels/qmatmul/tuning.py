@@ -41,11 +41,13 @@ def device_key(device: torch.device) -> str:
 
 def candidates(m: int, n: int, device: torch.device) -> list[dict[str, int]]:
     if m == 1:
-        out = []
-        for b in (16, 32, 64):
-            split = default_config(1, n, 0, device, block_n=b)["SPLIT_K"]
-            out += [{"BLOCK_N": b, "SPLIT_K": split, "num_warps": w} for w in (1, 2, 4)]
-        return out
+        # split-K gives each SM more programs (more loads in flight) for one partial-sum pass
+        return [
+            {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w}
+            for b in (8, 16, 32, 64)
+            for w in (1, 2, 4)
+            for s in (1, 2, 4, 8)
+        ]
     if m <= 16:
         return [{"BLOCK_M": 16, "BLOCK_N": b, "num_warps": 4, "num_stages": 2} for b in (32, 64)]
     if m <= 64:
@@ -73,24 +75,25 @@ class Tuner:
         with contextlib.suppress(OSError, ValueError):
             self.table = json.loads(self.path.read_text())
 
-    def _key(self, pw: PackedWeight, m_bucket: int) -> str:
+    def _key(self, pw: PackedWeight, m_bucket: int, dtype: torch.dtype) -> str:
         n, k = pw.shape
-        return f"{self.prefix}|{int(pw.qtype)}|{n}x{k}|m{m_bucket}"
+        return f"{self.prefix}|{int(pw.qtype)}|{n}x{k}|m{m_bucket}|{str(dtype)[6:]}"
 
-    def config(self, pw: PackedWeight, m: int) -> dict[str, int]:
-        found = self.table.get(self._key(pw, bucket(m)))
+    def config(self, pw: PackedWeight, m: int, dtype: torch.dtype) -> dict[str, int]:
+        found = self.table.get(self._key(pw, bucket(m), dtype))
         return found or default_config(m, pw.shape[0], pw.shape[1], self.device)
 
-    def tune(self, pw: PackedWeight) -> None:
-        """Time the candidates for every bucket of this weight's shape that has no entry yet."""
+    def tune(self, pw: PackedWeight, dtype: torch.dtype) -> None:
+        """Time the candidates for every bucket of this weight's shape (activations of `dtype`)
+        that has no entry yet."""
         if self.device.type != "cuda":
             return
         changed = False
         for m in BUCKETS:
-            key = self._key(pw, m)
+            key = self._key(pw, m, dtype)
             if key in self.table:
                 continue
-            x = torch.randn(m, pw.shape[1], device=self.device, dtype=torch.bfloat16)
+            x = torch.randn(m, pw.shape[1], device=self.device, dtype=dtype)
             best, best_ms = None, float("inf")
             for cfg in candidates(m, pw.shape[0], self.device):
                 try:

@@ -22,7 +22,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNELS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 TYPES = sorted(PACKED_TYPES)
 # byte offsets of the fp16 fields set to sane values for the matmul tests
-FP16_FIELDS = {T.Q4_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,)}
+FP16_FIELDS = {
+    T.Q4_K: (0, 2), T.Q6_K: (208,), T.Q8_0: (0,),
+    # for the other types' tests (tests/test_quant_linear.py)
+    T.Q4_0: (0,), T.Q5_K: (0, 2), T.Q3_K: (108,),
+}  # fmt: skip
 
 
 def random_raw(qtype: T, n: int, k: int, seed: int, sane: bool = True) -> torch.Tensor:
@@ -98,6 +102,7 @@ def test_packed_matmul_small(qtype: T, m: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_packed_gemv_split_k_and_ragged_tiles(qtype: T) -> None:
     _check(qtype, 37, 1024, 1, torch.bfloat16, config={"BLOCK_N": 16, "SPLIT_K": 3})
+    _check(qtype, 37, 1024, 1, torch.bfloat16, config={"BLOCK_N": 16, "SPLIT_K": 3, "UNROLL": 1})
     _check(qtype, 37, 512, 5, torch.bfloat16, config={"BLOCK_M": 16, "BLOCK_N": 32})
 
 

@@ -41,6 +41,7 @@ def _gemv_kernel(
     W: tl.constexpr,  # words per chunk
     G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
+    UNROLL: tl.constexpr,  # > 0: exactly this many chunks per program, unrolled (= per_split)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -48,7 +49,17 @@ def _gemv_kernel(
     c0 = tl.program_id(1) * per_split
     c1 = tl.minimum(c0 + per_split, n_chunks)
     acc = tl.zeros((BLOCK_N, W), dtype=tl.float32)
-    if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
+    if UNROLL > 0:
+        # Every load of the program's chunks can be issued before the first multiply.
+        for cc in tl.static_range(UNROLL):
+            c = c0 + cc
+            live = nmask & (c < n_chunks)
+            w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, live, c, stride_q, W)
+            acc = _gemv_groups(
+                acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live,
+                c < n_chunks, stride_s, stride_d, QTYPE, W, G,
+            )  # fmt: skip
+    elif INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         c = c0
         while c < c1:
             acc = _gemv_chunk(
@@ -66,7 +77,7 @@ def _gemv_kernel(
             )
             acc = _gemv_groups(
                 acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-                stride_s, stride_d, QTYPE, W, G,
+                c < c1, stride_s, stride_d, QTYPE, W, G,
             )  # fmt: skip
             w, wh, h = w2, wh2, h2
     y = tl.sum(acc, axis=1)
@@ -83,14 +94,15 @@ def _gemv_chunk(
     w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     return _gemv_groups(
         acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-        stride_s, stride_d, QTYPE, W, G,
+        c >= 0, stride_s, stride_d, QTYPE, W, G,
     )  # fmt: skip
 
 
 @triton.jit
 def _gemv_groups(
-    acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, stride_s, stride_d,
-    QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    valid,  # whether chunk c exists (its activations may be read)
+    stride_s, stride_d, QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, W)
     for j in tl.static_range(G):
@@ -98,7 +110,8 @@ def _gemv_groups(
             QTYPE, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
             stride_s, stride_d,
         )  # fmt: skip
-        xj = tl.load(x_ptr + c * (W * G) + j * W + i).to(tl.float32)
+        xj = tl.load(x_ptr + c * (W * G) + j * W + i, mask=valid & (i < W), other=0.0)
+        xj = xj.to(tl.float32)
         acc += val * xj[None, :]
     return acc
 
@@ -200,8 +213,9 @@ def packed_matmul(
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
-    config overrides the tiling: ``BLOCK_N``, ``SPLIT_K``, ``num_warps`` for M = 1 and
-    ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages`` above.
+    config overrides the tiling: ``BLOCK_N``, ``SPLIT_K``, ``num_warps`` and ``UNROLL`` (1: each
+    program's chunk loop unrolled at compile time) for M = 1; ``BLOCK_M``, ``BLOCK_N``,
+    ``num_warps``, ``num_stages`` above.
     """
     n, k = pw.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:
@@ -220,13 +234,14 @@ def packed_matmul(
         splits = cfg.get("SPLIT_K", 1)
         per_split = triton.cdiv(n_chunks, splits)
         splits = triton.cdiv(n_chunks, per_split)
+        unroll = per_split if cfg.get("UNROLL") else 0
         target = out
         if splits > 1:
             target = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
         _gemv_kernel[grid](
             x, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n,
-            **_fields(pw), BLOCK_N=cfg["BLOCK_N"], INTERPRETED=interp,
+            **_fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, INTERPRETED=interp,
             num_warps=cfg.get("num_warps", 4),
         )  # fmt: skip
         if splits > 1:

@@ -8,7 +8,8 @@ name and compute capability. Later loads read the file and time nothing. Unknown
 to ``packed_matmul.default_config``.
 
 The model loader tunes every packed layer shape before CUDA graphs are captured (timing cannot
-run inside a capture); tools/bench_packed.py sweeps wider grids by hand.
+run inside a capture); tools/bench_packed.py sweeps wider grids by hand. A candidate is timed only
+if its result agrees with the default tiles' (a variant that compiles wrong is never picked).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import torch
 import triton
 import triton.testing
 
-from shared.kernels.qmatmul.packed import PackedWeight
+from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
 
-__all__ = ["BUCKETS", "Tuner", "bucket", "device_key"]
+__all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key"]
 
 BUCKETS = (1, 16, 64, 512)  # representative M of each bucket: decode 1, <= 16, <= 64, prefill
 
@@ -39,15 +40,25 @@ def device_key(device: torch.device) -> str:
     return f"{props.name}|sm{props.major}{props.minor}|{props.multi_processor_count}sm"
 
 
-def candidates(m: int, n: int, device: torch.device) -> list[dict[str, int]]:
+def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
     if m == 1:
         # split-K gives each SM more programs (more loads in flight) for one partial-sum pass
-        return [
+        out = [
             {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w}
             for b in (8, 16, 32, 64)
             for w in (1, 2, 4)
             for s in (1, 2, 4, 8)
         ]
+        # unrolled chunk loops (at most 16 chunks per program, each a compile of its own)
+        chunks = pw.shape[1] // CHUNK[pw.qtype]
+        split = triton.cdiv(chunks, 16)
+        for s in sorted({split, 2 * split}):
+            out += [
+                {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, "UNROLL": 1}
+                for b in (16, 32)
+                for w in (2, 4)
+            ]
+        return out
     if m <= 16:
         return [{"BLOCK_M": 16, "BLOCK_N": b, "num_warps": 4, "num_stages": 2} for b in (32, 64)]
     if m <= 64:
@@ -59,6 +70,12 @@ def candidates(m: int, n: int, device: torch.device) -> list[dict[str, int]]:
         {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
         for bm, bn, w, s in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3))
     ]
+
+
+def agrees(got: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> bool:
+    """Same product up to summation order (relative Frobenius error)."""
+    err = (got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)
+    return bool(torch.isfinite(got).all()) and float(err) < tol
 
 
 class Tuner:
@@ -94,17 +111,20 @@ class Tuner:
             if key in self.table:
                 continue
             x = torch.randn(m, pw.shape[1], device=self.device, dtype=dtype)
+            ref = packed_matmul(x, pw, out_dtype=torch.float32)  # the default tiles
             best, best_ms = None, float("inf")
-            for cfg in candidates(m, pw.shape[0], self.device):
+            for cfg in candidates(m, pw):
                 try:
+                    if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref):
+                        continue  # never pick a variant that computes something else
                     ms = triton.testing.do_bench(
                         lambda cfg=cfg, x=x: packed_matmul(x, pw, config=cfg),
                         warmup=5,
                         rep=20,
                         return_mode="median",
                     )
-                except (triton.runtime.errors.OutOfResources, RuntimeError):
-                    continue  # a tile this device cannot hold
+                except Exception:  # noqa: BLE001 - a tile this device cannot build or hold
+                    continue
                 if ms < best_ms:
                     best, best_ms = cfg, ms
             if best is not None:

@@ -1,0 +1,80 @@
+"""The packed-matmul tuner: M buckets, candidate tiles that compute the right product, the on-disk
+table keyed by device, type, shape, bucket and activation dtype, and the agreement guard."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from shared.kernels.qmatmul.packed import CHUNK, pack, unpack
+from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
+from shared.kernels.qmatmul.tuning import BUCKETS, Tuner, agrees, bucket, candidates
+from tests.test_kernel_packed_matmul import random_raw
+
+KERNELS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_buckets() -> None:
+    assert [bucket(m) for m in (1, 2, 16, 17, 64, 65, 4096)] == [1, 16, 16, 64, 64, 512, 512]
+    assert BUCKETS[0] == 1
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0])
+def test_candidates_are_complete_configs(qtype: T) -> None:
+    pw = pack(random_raw(qtype, 16, 4096, seed=0), qtype, (16, 4096))
+    chunks = 4096 // CHUNK[qtype]
+    for m in BUCKETS:
+        cands = candidates(m, pw)
+        assert cands, m
+        keys = {"BLOCK_N", "SPLIT_K", "num_warps"} if m == 1 else {"BLOCK_M", "BLOCK_N"}
+        assert all(keys <= set(c) for c in cands)
+    unrolled = [c for c in candidates(1, pw) if c.get("UNROLL")]
+    assert unrolled and all(-(-chunks // c["SPLIT_K"]) <= 16 for c in unrolled)
+
+
+@pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0])
+def test_unrolled_candidates_compute_the_product(qtype: T) -> None:
+    n, k = 24, 2048
+    pw = pack(random_raw(qtype, n, k, seed=3), qtype, (n, k))
+    x = torch.randn(1, k)
+    want = x.double() @ unpack(pw).double().T
+    for cfg in [c for c in candidates(1, pw) if c.get("UNROLL")][:4]:
+        assert agrees(packed_matmul(x, pw, torch.float32, cfg), want), cfg
+
+
+def test_agrees_rejects_wrong_and_nonfinite_results() -> None:
+    ref = torch.randn(4, 8)
+    assert agrees(ref + 1e-7 * torch.randn(4, 8), ref)
+    assert not agrees(ref * 1.01, ref)
+    bad = ref.clone()
+    bad[0, 0] = float("nan")
+    assert not agrees(bad, ref)
+
+
+def test_tuner_reads_its_table_and_falls_back_to_defaults(tmp_path: Path) -> None:
+    pw = pack(random_raw(T.Q8_0, 8, 256, seed=1), T.Q8_0, (8, 256))
+    tuned = {"BLOCK_N": 8, "SPLIT_K": 2, "num_warps": 1}
+    key = f"cpu|{int(T.Q8_0)}|8x256|m1|bfloat16"
+    (tmp_path / "qmatmul-tuning.json").write_text(json.dumps({key: tuned}))
+    tuner = Tuner(torch.device("cpu"), cache_dir=tmp_path)
+    assert tuner.config(pw, 1, torch.bfloat16) == tuned
+    # another dtype or bucket has no entry: the defaults
+    assert tuner.config(pw, 1, torch.float32) == default_config(1, 8, 256, torch.device("cpu"))
+    assert tuner.config(pw, 300, torch.bfloat16) == default_config(300, 8, 256, torch.device("cpu"))
+    tuner.tune(pw, torch.bfloat16)  # timing needs CUDA: a no-op here, nothing written
+    assert json.loads((tmp_path / "qmatmul-tuning.json").read_text()) == {key: tuned}
+
+
+def test_tuner_survives_a_corrupt_table(tmp_path: Path) -> None:
+    (tmp_path / "qmatmul-tuning.json").write_text("{not json")
+    tuner = Tuner(torch.device("cpu"), cache_dir=tmp_path)
+    assert tuner.table == {}
+    tuner.table["x"] = {"BLOCK_N": 8}
+    tuner._save()
+    assert json.loads((tmp_path / "qmatmul-tuning.json").read_text()) == {"x": {"BLOCK_N": 8}}

@@ -1,0 +1,56 @@
+"""QuantLinear picks its matmul at load time (dense copy, packed kernels, in-place GEMV or per-call
+dequantization) and every choice computes ``x @ dequantize(raw).T (+ bias)``; SplitLinear's fused
+projections equal the separate ones. Kernels run under the Triton interpreter on the CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from shared.model.linear import QuantLinear, SplitLinear
+from shared.quant import dequantize
+from tests.test_kernel_packed_matmul import random_raw
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+N, K = 48, 512
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_K, T.Q3_K])
+@pytest.mark.parametrize("m", [1, 5, 70])
+def test_every_path_computes_the_dequantized_product(qtype: T, m: int) -> None:
+    raw = random_raw(qtype, N, K, seed=int(qtype)).to(DEVICE)
+    bias = torch.randn(N, device=DEVICE)
+    layer = QuantLinear(raw, qtype, (N, K), torch.float32, bias, use_kernels=True)
+    if qtype in (T.Q4_K, T.Q6_K, T.Q8_0):
+        assert layer.packed is not None and layer.raw is None  # the blocks were repacked
+    x = torch.randn(2, m, K, device=DEVICE)  # any leading shape
+    want = x.double() @ dequantize(raw, qtype, (N, K)).double().T + bias.double()
+    got = layer(x)
+    assert got.shape == (2, m, N)
+    err = ((got.double() - want).norm() / want.norm()).item()
+    assert err < 1e-5, f"{qtype.name} M={m}: relative error {err:.2e}"
+    # the weight a tied head or a debugger sees is the GGUF dequantization, bit for bit
+    assert torch.equal(layer.weight(), dequantize(raw, qtype, (N, K)))
+
+
+def test_split_linear_fused_equals_separate() -> None:
+    parts = [random_raw(T.Q4_K, n, K, seed=n).to(DEVICE) for n in (32, 16, 16)]
+    x = torch.randn(3, K, device=DEVICE)
+    fused = SplitLinear(
+        [QuantLinear(torch.cat(parts), T.Q4_K, (64, K), torch.float32, use_kernels=True)],
+        [32, 16, 16],
+    )
+    separate = SplitLinear(
+        [QuantLinear(p, T.Q4_K, (p.shape[0], K), torch.float32, use_kernels=True) for p in parts],
+        [32, 16, 16],
+    )
+    for a, b in zip(fused(x), separate(x), strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from shared.kernels.qmatmul import PACKED_TYPES
 from shared.model.linear import QuantLinear, SplitLinear
 from shared.quant import dequantize
 from tests.test_kernel_packed_matmul import random_raw
@@ -22,13 +23,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 48, 512
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_K, T.Q3_K])
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_1, T.Q5_K, T.Q3_K])
 @pytest.mark.parametrize("m", [1, 5, 70])
 def test_every_path_computes_the_dequantized_product(qtype: T, m: int) -> None:
     raw = random_raw(qtype, N, K, seed=int(qtype)).to(DEVICE)
     bias = torch.randn(N, device=DEVICE)
     layer = QuantLinear(raw, qtype, (N, K), torch.float32, bias, use_kernels=True)
-    if qtype in (T.Q4_K, T.Q6_K, T.Q8_0):
+    if qtype in PACKED_TYPES:
         assert layer.packed is not None and layer.raw is None  # the blocks were repacked
     x = torch.randn(2, m, K, device=DEVICE)  # any leading shape
     want = x.double() @ dequantize(raw, qtype, (N, K)).double().T + bias.double()
@@ -54,3 +55,20 @@ def test_split_linear_fused_equals_separate() -> None:
     for a, b in zip(fused(x), separate(x), strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_kernel_that_fails_to_build_falls_back_to_dequantizing(monkeypatch) -> None:
+    import shared.model.linear as linear_mod
+
+    raw = random_raw(T.Q8_0, N, K, seed=5).to(DEVICE)
+    layer = QuantLinear(raw, T.Q8_0, (N, K), torch.float32, use_kernels=True)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this device\nsecond line")
+
+    monkeypatch.setattr(linear_mod, "packed_matmul", broken)
+    assert not layer.kernel_builds()
+    assert layer.kernel_error == "RuntimeError: no kernel for this device"
+    x = torch.randn(3, K, device=DEVICE)
+    want = x.double() @ dequantize(raw, T.Q8_0, (N, K)).double().T
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)

@@ -58,6 +58,7 @@ class QuantLinear(nn.Module):
         self._dense: torch.Tensor | None = None
         self._gemv = None
         self.tuner = tuner
+        self.kernel_error: str | None = None  # set when the packed kernels fail to build here
         if qtype in FLOAT_TYPES or cache_dequantized:
             self._dense = self._dequantize()
             if qtype in FLOAT_TYPES:
@@ -78,7 +79,25 @@ class QuantLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         return self._dense if self._dense is not None else self._dequantize()
 
+    def kernel_builds(self) -> bool:
+        """Run the packed kernels once (one row and a few); on a device where they fail to
+        build, fall back for good to dequantizing the packed planes in torch (bit-exact, slow)."""
+        if self.packed is None:
+            return True
+        try:
+            for m in (1, 4):
+                x = torch.zeros(
+                    m, self.shape[1], dtype=self.compute_dtype, device=self.packed.q.device
+                )
+                packed_matmul(x, self.packed)
+        except Exception as exc:  # noqa: BLE001 - any compiler or launch failure
+            self.kernel_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            return False
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel_error is not None:
+            return F.linear(x, self.weight(), self.bias)
         if self.packed is not None:
             x2 = x.reshape(-1, self.shape[1])
             cfg = self.tuner.config(self.packed, x2.shape[0], x2.dtype) if self.tuner else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -129,8 +131,24 @@ class WeightLoader:
 
 
 def tune_linears(model: torch.nn.Module) -> None:
-    """Measure the packed matmuls' tiles for every distinct layer shape (once per device: the
-    results are cached on disk). Run before CUDA graphs are captured."""
+    """Check that the packed kernels build on this device (once per type; layers of a type
+    whose kernel fails dequantize in torch instead, with a warning) and measure their tiles for
+    every distinct layer shape (once per device: cached on disk). Run before CUDA graphs are
+    captured."""
+    failed: dict[int, str | None] = {}
     for module in model.modules():
-        if isinstance(module, QuantLinear) and module.packed is not None and module.tuner:
+        if not isinstance(module, QuantLinear) or module.packed is None or not module.tuner:
+            continue
+        if module.qtype not in failed:
+            failed[module.qtype] = None if module.kernel_builds() else module.kernel_error
+            if failed[module.qtype]:
+                warnings.warn(
+                    f"packed {module.qtype!r} matmul kernel unavailable on "
+                    f"{module.packed.q.device} ({failed[module.qtype]}); dequantizing instead",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        if failed[module.qtype]:
+            module.kernel_error = failed[module.qtype]
+        else:
             module.tuner.tune(module.packed, module.compute_dtype)

@@ -16,6 +16,10 @@ nibble (or byte) ``j`` of word ``i`` belongs to sub-block ``j``::
           d   fp16  [N, K/256]
     Q8_0  q   int32 [N, K/4]    chunk = 128 elements: byte j of word i = element 32j + i
           d   fp16  [N, K/32]
+    Q5_K  Q4_K's planes and
+          hi  uint8 [N, K/8]    bit j of byte i = fifth bit of element 32j + i (GGUF's own qh)
+    Q4_0 / Q4_1 / Q5_0 / Q5_1   q as Q4_K's (chunks of 256, eight 32-element blocks);
+          d (and m: in ``mn``)  fp16 [N, K/32]; hi as Q5_K's for the 5-bit ones
 
 A kernel then loads one word per lane and splits it into values of different sub-blocks (one
 scale each) whose activations are contiguous runs ``x[W*j : W*j + W]`` (W = words per chunk);
@@ -38,12 +42,17 @@ from shared.quant.kquants import unpack_scale_min_k4
 __all__ = ["PACKED_TYPES", "PackedWeight", "pack", "unpack"]
 
 _T = GGMLQuantizationType
-PACKED_TYPES: frozenset[int] = frozenset({_T.Q4_K, _T.Q6_K, _T.Q8_0})
-_BLOCK = {_T.Q4_K: (256, 144), _T.Q6_K: (256, 210), _T.Q8_0: (32, 34)}
+_BLOCK = {
+    _T.Q4_0: (32, 18), _T.Q4_1: (32, 20), _T.Q5_0: (32, 22), _T.Q5_1: (32, 24),
+    _T.Q8_0: (32, 34), _T.Q4_K: (256, 144), _T.Q5_K: (256, 176), _T.Q6_K: (256, 210),
+}  # fmt: skip
+PACKED_TYPES: frozenset[int] = frozenset(_BLOCK)
 # elements per chunk along K: every K must be a multiple of it
-CHUNK = {_T.Q4_K: 256, _T.Q6_K: 128, _T.Q8_0: 128}
+CHUNK = {t: 128 if t in (_T.Q6_K, _T.Q8_0) else 256 for t in _BLOCK}
 # int32 words per chunk (the kernels' tile width)
-WORDS = {_T.Q4_K: 32, _T.Q6_K: 16, _T.Q8_0: 32}
+WORDS = {t: 16 if t == _T.Q6_K else 32 for t in _BLOCK}
+# legacy 4/5-bit blocks: byte offsets of (m, qh, qs); -1 = absent (d is always at byte 0)
+_LEGACY = {_T.Q4_0: (-1, -1, 2), _T.Q4_1: (2, -1, 4), _T.Q5_0: (-1, 2, 6), _T.Q5_1: (2, 4, 8)}
 
 
 @dataclass(frozen=True)
@@ -99,16 +108,35 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
         d = fp16_field(blocks, 0).half().reshape(n, k // 32)
         return PackedWeight(qtype, (n, k), q=q, d=d)
     chunks = k // 256
-    if qtype == _T.Q4_K:
-        sc, mn = unpack_scale_min_k4(blocks[:, 4:16])
+    if qtype in _LEGACY:
+        m_at, qh_at, qs_at = _LEGACY[qtype]
+        codes = unpack_bits(blocks[:, qs_at : qs_at + 16], 4, 16)  # [blocks, 32] in order
+        hi = None
+        if qh_at >= 0:  # gguf's qh: a little-endian uint32, bit e = element e's fifth bit
+            qh = blocks[:, qh_at : qh_at + 4].reshape(-1, 4, 1)
+            bits = (qh >> torch.arange(8, device=qh.device, dtype=torch.uint8)) & 1
+            hi = _bit_bytes(bits.reshape(n, k))
         return PackedWeight(
             qtype,
             (n, k),
-            q=_nibble_words(unpack_bits(blocks[:, 16:144], 4, 32), n, 32),
+            q=_nibble_words(codes, n, 32),
+            d=fp16_field(blocks, 0).half().reshape(n, k // 32),
+            mn=fp16_field(blocks, m_at).half().reshape(n, k // 32) if m_at >= 0 else None,
+            hi=hi,
+        )
+    if qtype in (_T.Q4_K, _T.Q5_K):
+        sc, mn = unpack_scale_min_k4(blocks[:, 4:16])
+        qs_at = 48 if qtype == _T.Q5_K else 16
+        return PackedWeight(
+            qtype,
+            (n, k),
+            q=_nibble_words(unpack_bits(blocks[:, qs_at : qs_at + 128], 4, 32), n, 32),
             d=fp16_field(blocks, 0).half().reshape(n, chunks),
             dmin=fp16_field(blocks, 2).half().reshape(n, chunks),
             sc=sc.reshape(n, k // 32).contiguous(),
             mn=mn.reshape(n, k // 32).contiguous(),
+            # Q5_K's qh already has the layout: bit j of byte i = element 32j + i
+            hi=blocks[:, 16:48].reshape(n, k // 8).contiguous() if qtype == _T.Q5_K else None,
         )
     return PackedWeight(  # Q6_K
         qtype,
@@ -118,6 +146,15 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
         sc=int8_field(blocks, 192, 208).reshape(n, k // 16).contiguous(),
         d=fp16_field(blocks, 208).half().reshape(n, chunks),
     )
+
+
+def _bit_bytes(bits: torch.Tensor) -> torch.Tensor:
+    """bits uint8 [n, K] (0/1, element order) -> uint8 [n, K / 8]: bit j of byte i = element
+    32j + i of its chunk of 256."""
+    n = bits.shape[0]
+    by_byte = bits.reshape(n, -1, 8, 32).transpose(2, 3)  # [n, chunks, 32 (i), 8 (j)]
+    weights = (1 << torch.arange(8, device=bits.device, dtype=torch.int32)).to(torch.uint8)
+    return (by_byte * weights).sum(dim=-1, dtype=torch.uint8).reshape(n, -1)
 
 
 def _codes(words: torch.Tensor, bits: int, per_word: int, width: int = 32) -> torch.Tensor:
@@ -135,8 +172,16 @@ def unpack(pw: PackedWeight) -> torch.Tensor:
         q = _codes(pw.q, 8, 4).view(torch.int8).reshape(n, k // 32, 32)
         return (q * pw.d.float().reshape(n, k // 32, 1)).reshape(n, k)
     supers = k // 256
-    if pw.qtype == _T.Q4_K:
-        low = _codes(pw.q, 4, 8)  # [n, supers, 8, 32]: element order within the super-block
+    if pw.qtype != _T.Q6_K:
+        low = _codes(pw.q, 4, 8)  # [n, supers, 8, 32]: element order within the chunk
+        if pw.hi is not None:
+            low = low | (_codes(pw.hi, 1, 8) << 4)
+        if pw.qtype in _LEGACY:  # the expressions of shared.quant.legacy
+            d = pw.d.float().reshape(n, supers, 8, 1)
+            if pw.qtype in (_T.Q4_1, _T.Q5_1):
+                return (d * low + pw.mn.float().reshape(n, supers, 8, 1)).reshape(n, k)
+            bias = 8 if pw.qtype == _T.Q4_0 else 16
+            return (d * (low.view(torch.int8) - bias)).reshape(n, k)
         scale = pw.d.float().reshape(n, supers, 1) * pw.sc.float().reshape(n, supers, 8)
         offset = pw.dmin.float().reshape(n, supers, 1) * pw.mn.float().reshape(n, supers, 8)
         return (scale[..., None] * low - offset[..., None]).reshape(n, k)

@@ -18,9 +18,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-Q4_K = tl.constexpr(12)
-Q6_K = tl.constexpr(14)
+Q4_0 = tl.constexpr(2)
+Q4_1 = tl.constexpr(3)
+Q5_0 = tl.constexpr(6)
+Q5_1 = tl.constexpr(7)
 Q8_0 = tl.constexpr(8)
+Q4_K = tl.constexpr(12)
+Q5_K = tl.constexpr(13)
+Q6_K = tl.constexpr(14)
 
 
 @triton.jit
@@ -30,13 +35,13 @@ def _as_float(bits):
 
 
 @triton.jit
-def load_chunk(QTYPE: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: tl.constexpr):
-    """Chunk c of the rows: (words, words >> 16, high-bit half-words or 0)."""
+def load_chunk(HI: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: tl.constexpr):
+    """Chunk c of the rows: (words, words >> 16, the high-bit plane's entries when HI, else w)."""
     i = tl.arange(0, W)
     offs = rows[:, None] * stride_q + c * W + i[None, :]
     w = tl.load(q_ptr + offs, mask=nmask[:, None], other=0)
     h = w
-    if QTYPE == Q6_K:
+    if HI:
         h = tl.load(hi_ptr + offs, mask=nmask[:, None], other=0).to(tl.int32)
     return w, w >> 16, h
 
@@ -44,12 +49,13 @@ def load_chunk(QTYPE: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: 
 @triton.jit
 def group(
     QTYPE: tl.constexpr,
+    HI: tl.constexpr,  # the type has a high-bit plane (Q5_0, Q5_1, Q5_K, Q6_K)
     J: tl.constexpr,  # sub-block (field) index within the chunk
     w, wh, h,  # from load_chunk
     sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     rows, nmask, c,
-    stride_s,  # entries per row of sc / mn (Q8_0: of d)
-    stride_d,  # entries per row of d / dmin
+    stride_s,  # entries per row of sc / mn (the legacy types' d and m: one per 32 elements)
+    stride_d,  # entries per row of d / dmin (K-quants: one per 256 elements)
 ):  # fmt: skip
     """Field J of the chunk's words -> float32 weights [BLOCK_N, W]."""
     if QTYPE == Q8_0:
@@ -61,20 +67,7 @@ def group(
         d = tl.load(d_ptr + rows * stride_s + c * 4 + J, mask=nmask, other=0).to(tl.float32)
         u = _as_float((src & (0xFF << P)) ^ (0x80 << P))  # (q + 128) * 2^P
         val = u * (d * (1.0 / (1 << P)))[:, None] - (128.0 * d)[:, None]
-    elif QTYPE == Q4_K:
-        P: tl.constexpr = 4 * (J % 4)
-        src = w
-        if J >= 4:
-            src = wh
-        s_off = rows * stride_s + c * 8 + J
-        d_off = rows * stride_d + c
-        d = tl.load(d_ptr + d_off, mask=nmask, other=0).to(tl.float32)
-        dmin = tl.load(dmin_ptr + d_off, mask=nmask, other=0).to(tl.float32)
-        sc = tl.load(sc_ptr + s_off, mask=nmask, other=0).to(tl.float32)
-        mn = tl.load(mn_ptr + s_off, mask=nmask, other=0).to(tl.float32)
-        q = _as_float(src & (0xF << P))  # q * 2^P
-        val = q * (d * sc * (1.0 / (1 << P)))[:, None] - (dmin * mn)[:, None]
-    else:  # Q6_K: (lo + 16 * hi - 32) * d * sc, lo a nibble of w, hi a bit pair of h
+    elif QTYPE == Q6_K:  # (lo + 16 * hi - 32) * d * sc, lo a nibble of w, hi a bit pair of h
         P: tl.constexpr = 4 * (J % 4)
         src = w
         if J >= 4:
@@ -88,4 +81,35 @@ def group(
         s_hi = scale * (16.0 / (1 << (2 * J)))
         # every partial result is exact, so the value is the reference's
         val = lo * s_lo[:, None] + (hi * s_hi[:, None] - (32.0 * scale)[:, None])
+    else:  # a low nibble of w, a fifth bit in h (Q5_*), then a scale and a min or offset
+        P: tl.constexpr = 4 * (J % 4)
+        src = w
+        if J >= 4:
+            src = wh
+        g_off = rows * stride_s + c * 8 + J  # this sub-block's entry in the per-32 planes
+        if QTYPE >= Q4_K:  # Q4_K, Q5_K: (d * sc) * q - dmin * mn
+            d_off = rows * stride_d + c
+            d = tl.load(d_ptr + d_off, mask=nmask, other=0).to(tl.float32)
+            dmin = tl.load(dmin_ptr + d_off, mask=nmask, other=0).to(tl.float32)
+            sc = tl.load(sc_ptr + g_off, mask=nmask, other=0).to(tl.float32)
+            mn = tl.load(mn_ptr + g_off, mask=nmask, other=0).to(tl.float32)
+            scale = d * sc  # exact
+            shift = dmin * mn  # exact
+        else:  # Q4_0, Q5_0: d * (q - bias); Q4_1, Q5_1: d * q + m
+            scale = tl.load(d_ptr + g_off, mask=nmask, other=0).to(tl.float32)
+            if QTYPE % 2 == 1:
+                shift = -tl.load(mn_ptr + g_off, mask=nmask, other=0).to(tl.float32)
+            elif QTYPE == Q4_0:
+                shift = 8.0 * scale
+            else:
+                shift = 16.0 * scale
+        q = _as_float(src & (0xF << P))  # q * 2^P
+        s_lo = scale * (1.0 / (1 << P))
+        if HI:
+            hi = _as_float(h & (1 << J))  # fifth bit * 2^J
+            # scale * q exactly (both products are exact), then the one rounding of the reference
+            t = q * s_lo[:, None] + hi * (scale * (16.0 / (1 << J)))[:, None]
+            val = t - shift[:, None]
+        else:
+            val = q * s_lo[:, None] - shift[:, None]
     return val

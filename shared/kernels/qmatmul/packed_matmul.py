@@ -38,6 +38,7 @@ def _gemv_kernel(
     out_ptr,  # [SPLITS, N] float32 partials, or [N] in the output dtype when SPLITS == 1
     N, n_chunks, per_split, stride_q, stride_s, stride_d, stride_os,
     QTYPE: tl.constexpr,
+    HI: tl.constexpr,
     W: tl.constexpr,  # words per chunk
     G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
@@ -54,30 +55,30 @@ def _gemv_kernel(
         for cc in tl.static_range(UNROLL):
             c = c0 + cc
             live = nmask & (c < n_chunks)
-            w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, live, c, stride_q, W)
+            w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, live, c, stride_q, W)
             acc = _gemv_groups(
                 acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live,
-                c < n_chunks, stride_s, stride_d, QTYPE, W, G,
+                c < n_chunks, stride_s, stride_d, QTYPE, HI, W, G,
             )  # fmt: skip
     elif INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         c = c0
         while c < c1:
             acc = _gemv_chunk(
                 acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-                stride_q, stride_s, stride_d, QTYPE, W, G,
+                stride_q, stride_s, stride_d, QTYPE, HI, W, G,
             )  # fmt: skip
             c += 1
     else:
         # Prefetch: chunk c + 1's words are requested before chunk c is multiplied, so each
         # program keeps two chunks of loads in flight instead of waiting out every one.
-        w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, nmask & (c0 < c1), c0, stride_q, W)
+        w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask & (c0 < c1), c0, stride_q, W)
         for c in range(c0, c1):
             w2, wh2, h2 = load_chunk(
-                QTYPE, q_ptr, hi_ptr, rows, nmask & (c + 1 < c1), c + 1, stride_q, W
+                HI, q_ptr, hi_ptr, rows, nmask & (c + 1 < c1), c + 1, stride_q, W
             )
             acc = _gemv_groups(
                 acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-                c < c1, stride_s, stride_d, QTYPE, W, G,
+                c < c1, stride_s, stride_d, QTYPE, HI, W, G,
             )  # fmt: skip
             w, wh, h = w2, wh2, h2
     y = tl.sum(acc, axis=1)
@@ -89,12 +90,12 @@ def _gemv_kernel(
 def _gemv_chunk(
     acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
     stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
-    w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     return _gemv_groups(
         acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-        c >= 0, stride_s, stride_d, QTYPE, W, G,
+        c >= 0, stride_s, stride_d, QTYPE, HI, W, G,
     )  # fmt: skip
 
 
@@ -102,12 +103,12 @@ def _gemv_chunk(
 def _gemv_groups(
     acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
     valid,  # whether chunk c exists (its activations may be read)
-    stride_s, stride_d, QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    stride_s, stride_d, QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, W)
     for j in tl.static_range(G):
         val = group(
-            QTYPE, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
+            QTYPE, HI, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
             stride_s, stride_d,
         )  # fmt: skip
         xj = tl.load(x_ptr + c * (W * G) + j * W + i, mask=valid & (i < W), other=0.0)
@@ -120,12 +121,13 @@ def _gemv_groups(
 def _gemm_chunk(
     acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
     stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr, W: tl.constexpr, G: tl.constexpr, INTERPRETED: tl.constexpr,
+    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    w, wh, h = load_chunk(QTYPE, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     for j in tl.static_range(G):
         val = group(
-            QTYPE, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
+            QTYPE, HI, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
             stride_s, stride_d,
         )  # fmt: skip
         xj = tl.load(x_rows + c * (W * G) + j * W, mask=mmask[:, None], other=0.0)
@@ -140,6 +142,7 @@ def _gemm_kernel(
     out_ptr,  # [M, N]
     M, N, n_chunks, stride_xm, stride_om, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr,
+    HI: tl.constexpr,
     W: tl.constexpr,
     G: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -159,14 +162,14 @@ def _gemm_kernel(
         while c < n_chunks:
             acc = _gemm_chunk(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, W, G, INTERPRETED,
+                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
             )  # fmt: skip
             c += 1
     else:
         for c in range(n_chunks):
             acc = _gemm_chunk(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, W, G, INTERPRETED,
+                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
             )  # fmt: skip
     out = out_ptr + rows_m[:, None] * stride_om + rows[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
@@ -202,7 +205,8 @@ def _strides(pw: PackedWeight) -> tuple[int, int, int]:
 
 def _fields(pw: PackedWeight) -> dict[str, int]:
     words = WORDS[pw.qtype]
-    return {"QTYPE": int(pw.qtype), "W": words, "G": CHUNK[pw.qtype] // words}
+    hi = pw.hi is not None
+    return {"QTYPE": int(pw.qtype), "HI": hi, "W": words, "G": CHUNK[pw.qtype] // words}
 
 
 def packed_matmul(

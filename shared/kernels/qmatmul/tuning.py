@@ -49,10 +49,11 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
             for w in (1, 2, 4)
             for s in (1, 2, 4, 8)
         ]
-        # unrolled chunk loops (at most 16 chunks per program, each a compile of its own)
+        # unrolled chunk loops of at most 16 chunks (each length a compile of its own), down to
+        # one chunk per program: every load of a program issued at once, many programs per SM
         chunks = pw.shape[1] // CHUNK[pw.qtype]
         split = triton.cdiv(chunks, 16)
-        for s in sorted({split, 2 * split}):
+        for s in sorted({split, 2 * split, triton.cdiv(chunks, 4), triton.cdiv(chunks, 2), chunks}):
             out += [
                 {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, "UNROLL": 1}
                 for b in (16, 32)

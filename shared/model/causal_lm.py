@@ -36,6 +36,11 @@ class CausalLM(nn.Module):
     def embed_scale(self) -> float:
         return 1.0
 
+    def run_layers(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, batch, kv)
+        return x
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         """Logits [N, vocab] in float32 for the rows `batch.logits_rows`."""
@@ -43,8 +48,7 @@ class CausalLM(nn.Module):
         x = self.embed(batch.token_ids)
         if (scale := self.embed_scale()) != 1.0:
             x = x * scale
-        for layer in self.layers:
-            x = layer(x, batch, kv)
+        x = self.run_layers(x, batch, kv)
         x = self.ops.rms_norm(x[batch.logits_rows], self.norm, cfg.rms_eps)
         logits = self.lm_head(x).float()
         if cfg.final_logit_softcap:

@@ -23,16 +23,33 @@ class LlamaLayer(nn.Module):
         super().__init__()
         self.eps = cfg.rms_eps
         self.norm = w.ops.rms_norm
+        self.add_norm = w.ops.add_rms_norm
         self.attn_norm = w.vector(f"blk.{layer}.attn_norm.weight", cfg.d_model)
         self.attn = Attention(cfg, w, layer, rope_factors)
         self.ffn_norm = w.vector(f"blk.{layer}.ffn_norm.weight", cfg.d_model)
         self.mlp = GatedMLP(cfg, w, layer, gelu=False)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        h = x + self.attn(self.norm(x, self.attn_norm, self.eps), batch, kv)
-        return h + self.mlp(self.norm(h, self.ffn_norm, self.eps))
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Takes the previous layer's MLP output and the residual stream before it (None at the
+        first layer) and returns the same pair, so each residual add fuses with the RMSNorm
+        that follows it (one kernel on the GPU instead of two)."""
+        if residual is None:
+            residual, h = x, self.norm(x, self.attn_norm, self.eps)
+        else:
+            h, residual = self.add_norm(x, residual, self.attn_norm, self.eps)
+        a = self.attn(h, batch, kv)
+        h, residual = self.add_norm(a, residual, self.ffn_norm, self.eps)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(CausalLM):
+    def run_layers(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, batch, kv)
+        return x if residual is None else x + residual
+
     def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> nn.Module:
         return LlamaLayer(cfg, w, layer, self.rope_factors)

@@ -9,7 +9,7 @@ import torch
 
 from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
-from shared.ops import activation, norm
+from shared.ops import activation, fused_norm, norm
 from shared.ops.paged_attention import paged_attention_ref, write_kv
 from shared.ops.paged_attention_fp8 import paged_attention_fp8_ref, write_kv_fp8
 from shared.ops.rope import apply_rope, rope_angles
@@ -20,6 +20,12 @@ class TorchOps:
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return norm.rms_norm(x, w, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + residual), x + residual), the sum rounded to x's dtype first."""
+        return fused_norm.add_rms_norm_ref(x, residual, w, eps)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return activation.silu_mul(gate, up)
@@ -89,6 +95,9 @@ class TritonOps(TorchOps):
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return self._norm.rms_norm(x, w, eps)
+
+    def add_rms_norm(self, x, residual, w, eps):
+        return self._norm.add_rms_norm(x, residual, w, eps)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self._act.silu_mul_separate(gate, up)

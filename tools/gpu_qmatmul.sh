@@ -23,12 +23,12 @@ models() { for t in q4_k_m q6_k q8_0; do
 case " $STAGES " in *" tests "*)
   timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -m "" tests/test_kernel_packed_matmul.py \
     2>&1 | tail -15 | tee "$OUT/pytest-packed.log"
-  timeout 180 python3 -m pytest -q -rs -s -p no:cacheprovider -m gpu tests/test_gpu_model.py \
+  timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -m gpu tests/test_gpu_model.py \
     2>&1 | tail -15 | tee "$OUT/pytest-gpu-model.log" ;;
 esac
 case " $STAGES " in *" w1 "*)
   models 2>&1 | tee "$OUT/models.txt"
-  timeout 240 python3 -m tools.bench_w1 /tmp/l3-q4_k_m.gguf /tmp/l3-q6_k.gguf /tmp/l3-q8_0.gguf \
+  timeout ${W1_S:-420} python3 -m tools.bench_w1 /tmp/l3-q4_k_m.gguf /tmp/l3-q6_k.gguf /tmp/l3-q8_0.gguf \
     2>&1 | tee "$OUT/w1-skiff.jsonl" ;;
 esac
 case " $STAGES " in *" sweep "*)

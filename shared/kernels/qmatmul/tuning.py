@@ -5,7 +5,8 @@ the number of activation rows, so a ``Tuner`` times a few candidates per
 ``(device, type, N, K, M bucket)`` with ``triton.testing.do_bench`` and stores the winner in
 ``$SKIFF_CACHE_DIR/qmatmul-tuning.json`` (default ``~/.cache/skiff``), keyed by the device's
 name and compute capability. Later loads read the file and time nothing. Unknown keys fall back
-to ``packed_matmul.default_config``.
+to ``packed_matmul.default_config``; ``SKIFF_QMATMUL_TUNE=0`` skips the timing (defaults only).
+A first load of an 8B model tunes for a few minutes, mostly compiling candidates.
 
 The model loader tunes every packed layer shape before CUDA graphs are captured (timing cannot
 run inside a capture); tools/bench_packed.py sweeps wider grids by hand. A candidate is timed only
@@ -54,11 +55,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         chunks = pw.shape[1] // CHUNK[pw.qtype]
         split = triton.cdiv(chunks, 16)
         for s in sorted({split, 2 * split, triton.cdiv(chunks, 4), triton.cdiv(chunks, 2), chunks}):
-            out += [
-                {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, "UNROLL": 1}
-                for b in (16, 32)
-                for w in (2, 4)
-            ]
+            out += [{"BLOCK_N": b, "SPLIT_K": s, "num_warps": 2, "UNROLL": 1} for b in (16, 32)]
         return out
     if m <= 16:
         return [{"BLOCK_M": 16, "BLOCK_N": b, "num_warps": 4, "num_stages": 2} for b in (32, 64)]
@@ -104,7 +101,7 @@ class Tuner:
     def tune(self, pw: PackedWeight, dtype: torch.dtype) -> None:
         """Time the candidates for every bucket of this weight's shape (activations of `dtype`)
         that has no entry yet."""
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" or os.environ.get("SKIFF_QMATMUL_TUNE") == "0":
             return
         changed = False
         for m in BUCKETS:

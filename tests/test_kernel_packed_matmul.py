@@ -24,8 +24,7 @@ TYPES = sorted(PACKED_TYPES)
 # byte offsets of the fp16 fields set to sane values for the matmul tests
 FP16_FIELDS = {
     T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
-    T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-    T.Q3_K: (108,),  # not packed: for tests/test_quant_linear.py
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
 }  # fmt: skip
 
 
@@ -59,13 +58,13 @@ def test_pack_keeps_the_size(qtype: T) -> None:
     n, k = 8, 512
     raw = random_raw(qtype, n, k, seed=1)
     pw = pack(raw, qtype, (n, k))
-    assert raw.numel() <= pw.nbytes <= 1.03 * raw.numel()
+    assert raw.numel() <= pw.nbytes <= 1.04 * raw.numel()
     assert pw.q.dtype == torch.int32 and pw.q.is_contiguous()
 
 
 def test_pack_rejects_what_it_cannot_lay_out() -> None:
-    with pytest.raises(ValueError, match="Q2_K has no packed layout"):
-        pack(torch.zeros(4, 84, dtype=torch.uint8), T.Q2_K, (4, 256))
+    with pytest.raises(ValueError, match="BF16 has no packed layout"):
+        pack(torch.zeros(4, 512, dtype=torch.uint8), T.BF16, (4, 256))
     with pytest.raises(ValueError, match="K=32 is not a multiple of 128"):
         pack(torch.zeros(4, 34, dtype=torch.uint8), T.Q8_0, (4, 32))
     with pytest.raises(ValueError, match="blocks do not make"):

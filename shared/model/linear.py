@@ -4,12 +4,13 @@ Three ways to multiply, chosen once at load time:
 
 - dense: float weights (F32/F16/BF16), or ``cache_dequantized`` (the CPU reference path keeps a
   dequantized copy, which makes it fast enough to generate with);
-- packed kernels (``use_kernels``, Q4_K/Q6_K/Q8_0): the GGUF blocks are repacked into the
-  kernels' plane layout (``shared.kernels.qmatmul.packed``, bit-identical when dequantized) and
-  the raw blocks are dropped;
-- the other quantized types keep their GGUF blocks: with ``use_kernels``, decode-sized batches
-  (M <= 64) run the in-place GEMVs and larger ones dequantize (torch, bit-exact) and matmul;
-  without, every call dequantizes.
+- packed kernels (``use_kernels``, every quantized type when K is a multiple of the type's
+  chunk, 128 or 256): the GGUF blocks are repacked into the kernels' plane layout
+  (``shared.kernels.qmatmul.packed``, bit-identical when dequantized) and the raw blocks are
+  dropped; a kernel that fails to build on the device falls back to dequantizing the planes;
+- otherwise the GGUF blocks stay: with ``use_kernels``, decode-sized batches (M <= 64) of
+  Q4_0..Q8_0 / Q4_K..Q6_K run the in-place GEMVs and the rest dequantize (torch, bit-exact) and
+  matmul; without, every call dequantizes.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ __all__ = [
     "dequantize_q5_k",
     "dequantize_q6_k",
     "unpack_scale_min_k4",
+    "unpack_scales_q3_k",
 ]
 
 QK_K = 256
@@ -50,7 +51,7 @@ def unpack_scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return sc, mn
 
 
-def _unpack_scales_q3_k(scales: torch.Tensor) -> torch.Tensor:
+def unpack_scales_q3_k(scales: torch.Tensor) -> torch.Tensor:
     """Q3_K's 12 bytes of 6-bit scales -> ``(n, 16)`` uint8 (still offset by 32).
 
     Low 4 bits: bytes 0..7, low nibbles for sub-blocks 0..7 and high nibbles for 8..15.
@@ -81,7 +82,7 @@ def dequantize_q3_k(blocks: torch.Tensor) -> torch.Tensor:
     """
     n_blocks = blocks.shape[0]
     d = fp16_field(blocks, 108)
-    sc = (_unpack_scales_q3_k(blocks[:, 96:108]).view(torch.int8) - 32).to(torch.float32)
+    sc = (unpack_scales_q3_k(blocks[:, 96:108]).view(torch.int8) - 32).to(torch.float32)
     dl = (d * sc).reshape(n_blocks, 16, 1)
     low = unpack_bits(blocks[:, 32:96], 2, 32)
     high = unpack_bits(blocks[:, :32], 1, 32)

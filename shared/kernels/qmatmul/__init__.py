@@ -1,5 +1,6 @@
-"""Quantized matmul kernels: packed-layout GEMV/GEMM (Q4_K, Q6_K, Q8_0) and GEMVs that read GGUF
-blocks in place (the other types)."""
+"""Quantized matmul kernels: packed-layout GEMV/GEMM for every GGUF quant type (Q4_0..Q8_0,
+Q2_K..Q6_K) and GEMVs that read GGUF blocks in place (for K that the packed chunks do not
+divide)."""
 
 from shared.kernels.qmatmul.kquants import KQUANT_TYPES, quant_gemv_kquant
 from shared.kernels.qmatmul.legacy import LEGACY_TYPES, quant_gemv_legacy

@@ -20,13 +20,20 @@ nibble (or byte) ``j`` of word ``i`` belongs to sub-block ``j``::
           hi  uint8 [N, K/8]    bit j of byte i = fifth bit of element 32j + i (GGUF's own qh)
     Q4_0 / Q4_1 / Q5_0 / Q5_1   q as Q4_K's (chunks of 256, eight 32-element blocks);
           d (and m: in ``mn``)  fp16 [N, K/32]; hi as Q5_K's for the 5-bit ones
+    Q2_K  q   int32 [N, K/16]   chunk = 256: 2-bit field j of word i = element 16j + i
+          sc  uint8 [N, K/16]   scale (low nibble) and min (high nibble) per 16 elements
+          d, dmin  fp16 [N, K/256]
+    Q3_K  q   as Q2_K's (the low two bits)
+          hi  int16 [N, K/16]   bit j of half-word i = hmask bit of element 16j + i
+          sc  int8  [N, K/16]   6-bit scale minus 32 per 16 elements
+          d   fp16  [N, K/256]
 
 A kernel then loads one word per lane and splits it into values of different sub-blocks (one
 scale each) whose activations are contiguous runs ``x[W*j : W*j + W]`` (W = words per chunk);
 no byte shuffles remain in the loop.
 The dequantized values of a packed weight (``unpack``) are bit-identical to ``gguf.quants``:
 the same float32 expressions in the same order as ``shared.quant``. The planes together are
-0-3 % larger than the GGUF blocks (Q4_K: 148 bytes per 256 instead of 144).
+0-4 % larger than the GGUF blocks (Q4_K: 148 bytes per 256 instead of 144; Q3_K 114 for 110).
 """
 
 from __future__ import annotations
@@ -37,20 +44,22 @@ import torch
 from gguf import GGMLQuantizationType
 
 from shared.quant.blocks import as_blocks, fp16_field, int8_field, unpack_bits
-from shared.quant.kquants import unpack_scale_min_k4
+from shared.quant.kquants import unpack_scale_min_k4, unpack_scales_q3_k
 
 __all__ = ["PACKED_TYPES", "PackedWeight", "pack", "unpack"]
 
 _T = GGMLQuantizationType
 _BLOCK = {
     _T.Q4_0: (32, 18), _T.Q4_1: (32, 20), _T.Q5_0: (32, 22), _T.Q5_1: (32, 24),
-    _T.Q8_0: (32, 34), _T.Q4_K: (256, 144), _T.Q5_K: (256, 176), _T.Q6_K: (256, 210),
+    _T.Q8_0: (32, 34), _T.Q2_K: (256, 84), _T.Q3_K: (256, 110), _T.Q4_K: (256, 144),
+    _T.Q5_K: (256, 176), _T.Q6_K: (256, 210),
 }  # fmt: skip
+_TWO_BIT = (_T.Q2_K, _T.Q3_K)
 PACKED_TYPES: frozenset[int] = frozenset(_BLOCK)
 # elements per chunk along K: every K must be a multiple of it
 CHUNK = {t: 128 if t in (_T.Q6_K, _T.Q8_0) else 256 for t in _BLOCK}
 # int32 words per chunk (the kernels' tile width)
-WORDS = {t: 16 if t == _T.Q6_K else 32 for t in _BLOCK}
+WORDS = {t: 16 if t in (_T.Q6_K, *_TWO_BIT) else 32 for t in _BLOCK}
 # legacy 4/5-bit blocks: byte offsets of (m, qh, qs); -1 = absent (d is always at byte 0)
 _LEGACY = {_T.Q4_0: (-1, -1, 2), _T.Q4_1: (2, -1, 4), _T.Q5_0: (-1, 2, 6), _T.Q5_1: (2, 4, 8)}
 
@@ -72,22 +81,18 @@ class PackedWeight:
         return sum(t.numel() * t.element_size() for t in planes if t is not None)
 
 
-def _nibble_words(codes: torch.Tensor, n: int, words: int) -> torch.Tensor:
-    """codes uint8 (values < 16, element order, N * K in all) -> int32 [n, K / 8]: nibble j of
-    word i = element words * j + i of its chunk of 8 * words elements."""
-    by_word = codes.reshape(n, -1, 8, words).transpose(2, 3)  # [n, chunks, words (i), 8 (j)]
-    pairs = by_word.reshape(n, -1, words, 4, 2)
-    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()  # byte b: nibbles 2b, 2b+1
-    return packed.view(torch.int32).reshape(n, -1)
-
-
-def _pair_halfwords(codes: torch.Tensor, n: int, words: int) -> torch.Tensor:
-    """codes uint8 (values < 4, element order) -> int16 [n, K / 8]: bits 2j..2j+1 of half-word
-    i = element words * j + i of its chunk."""
-    by_word = codes.reshape(n, -1, 8, words).transpose(2, 3).reshape(n, -1, words, 2, 4)
-    b = by_word
-    byte = b[..., 0] | (b[..., 1] << 2) | (b[..., 2] << 4) | (b[..., 3] << 6)
-    return byte.contiguous().view(torch.int16).reshape(n, -1)
+def _pack_fields(codes: torch.Tensor, n: int, words: int, per_word: int, bits: int) -> torch.Tensor:
+    """codes uint8 (values < 2^bits, element order, N * K in all) -> [n, K / per_word] integers
+    of per_word * bits bits (int32, int16 or uint8): field j (bits ``bits*j`` up) of word i is
+    element ``words * j + i`` of its chunk of ``words * per_word`` elements."""
+    fields = codes.reshape(n, -1, per_word, words).transpose(2, 3)  # [n, chunks, i, j]
+    per_byte = 8 // bits
+    fields = fields.reshape(n, -1, words, per_word // per_byte, per_byte)
+    byte = fields[..., 0]
+    for t in range(1, per_byte):
+        byte = byte | (fields[..., t] << (bits * t))
+    dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[per_word * bits // 8]
+    return byte.contiguous().view(dtype).reshape(n, -1)
 
 
 def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
@@ -115,14 +120,33 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
         if qh_at >= 0:  # gguf's qh: a little-endian uint32, bit e = element e's fifth bit
             qh = blocks[:, qh_at : qh_at + 4].reshape(-1, 4, 1)
             bits = (qh >> torch.arange(8, device=qh.device, dtype=torch.uint8)) & 1
-            hi = _bit_bytes(bits.reshape(n, k))
+            hi = _pack_fields(bits.reshape(n, k), n, 32, 8, 1)
         return PackedWeight(
             qtype,
             (n, k),
-            q=_nibble_words(codes, n, 32),
+            q=_pack_fields(codes, n, 32, 8, 4),
             d=fp16_field(blocks, 0).half().reshape(n, k // 32),
             mn=fp16_field(blocks, m_at).half().reshape(n, k // 32) if m_at >= 0 else None,
             hi=hi,
+        )
+    if qtype == _T.Q2_K:
+        return PackedWeight(
+            qtype,
+            (n, k),
+            q=_pack_fields(unpack_bits(blocks[:, 16:80], 2, 32), n, 16, 16, 2),
+            sc=blocks[:, :16].reshape(n, k // 16).contiguous(),
+            d=fp16_field(blocks, 80).half().reshape(n, chunks),
+            dmin=fp16_field(blocks, 82).half().reshape(n, chunks),
+        )
+    if qtype == _T.Q3_K:
+        sc = unpack_scales_q3_k(blocks[:, 96:108]).view(torch.int8) - 32
+        return PackedWeight(
+            qtype,
+            (n, k),
+            q=_pack_fields(unpack_bits(blocks[:, 32:96], 2, 32), n, 16, 16, 2),
+            hi=_pack_fields(unpack_bits(blocks[:, :32], 1, 32), n, 16, 16, 1),
+            sc=sc.reshape(n, k // 16).contiguous(),
+            d=fp16_field(blocks, 108).half().reshape(n, chunks),
         )
     if qtype in (_T.Q4_K, _T.Q5_K):
         sc, mn = unpack_scale_min_k4(blocks[:, 4:16])
@@ -130,7 +154,7 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
         return PackedWeight(
             qtype,
             (n, k),
-            q=_nibble_words(unpack_bits(blocks[:, qs_at : qs_at + 128], 4, 32), n, 32),
+            q=_pack_fields(unpack_bits(blocks[:, qs_at : qs_at + 128], 4, 32), n, 32, 8, 4),
             d=fp16_field(blocks, 0).half().reshape(n, chunks),
             dmin=fp16_field(blocks, 2).half().reshape(n, chunks),
             sc=sc.reshape(n, k // 32).contiguous(),
@@ -141,20 +165,11 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
     return PackedWeight(  # Q6_K
         qtype,
         (n, k),
-        q=_nibble_words(unpack_bits(blocks[:, :128], 4, 64), n, 16),
-        hi=_pair_halfwords(unpack_bits(blocks[:, 128:192], 2, 32), n, 16),
+        q=_pack_fields(unpack_bits(blocks[:, :128], 4, 64), n, 16, 8, 4),
+        hi=_pack_fields(unpack_bits(blocks[:, 128:192], 2, 32), n, 16, 8, 2),
         sc=int8_field(blocks, 192, 208).reshape(n, k // 16).contiguous(),
         d=fp16_field(blocks, 208).half().reshape(n, chunks),
     )
-
-
-def _bit_bytes(bits: torch.Tensor) -> torch.Tensor:
-    """bits uint8 [n, K] (0/1, element order) -> uint8 [n, K / 8]: bit j of byte i = element
-    32j + i of its chunk of 256."""
-    n = bits.shape[0]
-    by_byte = bits.reshape(n, -1, 8, 32).transpose(2, 3)  # [n, chunks, 32 (i), 8 (j)]
-    weights = (1 << torch.arange(8, device=bits.device, dtype=torch.int32)).to(torch.uint8)
-    return (by_byte * weights).sum(dim=-1, dtype=torch.uint8).reshape(n, -1)
 
 
 def _codes(words: torch.Tensor, bits: int, per_word: int, width: int = 32) -> torch.Tensor:
@@ -172,6 +187,17 @@ def unpack(pw: PackedWeight) -> torch.Tensor:
         q = _codes(pw.q, 8, 4).view(torch.int8).reshape(n, k // 32, 32)
         return (q * pw.d.float().reshape(n, k // 32, 1)).reshape(n, k)
     supers = k // 256
+    if pw.qtype in _TWO_BIT:  # the expressions of shared.quant.kquants
+        low = _codes(pw.q, 2, 16, 16).reshape(n, k // 16, 16)  # element order
+        d = pw.d.float().reshape(n, supers, 1)
+        if pw.qtype == _T.Q2_K:
+            dl = (d * (pw.sc & 0x0F).float().reshape(n, supers, 16)).reshape(n, k // 16, 1)
+            ml = pw.dmin.float().reshape(n, supers, 1) * (pw.sc >> 4).float().reshape(n, supers, 16)
+            return (dl * low - ml.reshape(n, k // 16, 1)).reshape(n, k)
+        high = _codes(pw.hi, 1, 16, 16).reshape(n, k // 16, 16)
+        q = low.view(torch.int8) - ((high ^ 1) << 2).view(torch.int8)
+        dl = (d * pw.sc.float().reshape(n, supers, 16)).reshape(n, k // 16, 1)
+        return (dl * q).reshape(n, k)
     if pw.qtype != _T.Q6_K:
         low = _codes(pw.q, 4, 8)  # [n, supers, 8, 32]: element order within the chunk
         if pw.hi is not None:

@@ -23,6 +23,8 @@ Q4_1 = tl.constexpr(3)
 Q5_0 = tl.constexpr(6)
 Q5_1 = tl.constexpr(7)
 Q8_0 = tl.constexpr(8)
+Q2_K = tl.constexpr(10)
+Q3_K = tl.constexpr(11)
 Q4_K = tl.constexpr(12)
 Q5_K = tl.constexpr(13)
 Q6_K = tl.constexpr(14)
@@ -47,6 +49,44 @@ def load_chunk(HI: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: tl.
 
 
 @triton.jit
+def _two_bit(
+    QTYPE: tl.constexpr,
+    J: tl.constexpr,
+    w,
+    wh,
+    h,
+    sc_ptr,
+    d_ptr,
+    dmin_ptr,
+    rows,
+    nmask,
+    c,
+    stride_s,
+    stride_d,
+):
+    """Q2_K / Q3_K: 2-bit field J (8 in w, 8 in w >> 16), one scale per 16 elements."""
+    P: tl.constexpr = 2 * (J % 8)
+    src = w
+    if J >= 8:
+        src = wh
+    d = tl.load(d_ptr + rows * stride_d + c, mask=nmask, other=0).to(tl.float32)
+    s_off = rows * stride_s + c * 16 + J
+    q = _as_float(src & (0x3 << P))  # q * 2^P
+    if QTYPE == Q2_K:  # (d * (sc & 15)) * q - dmin * (sc >> 4)
+        dmin = tl.load(dmin_ptr + rows * stride_d + c, mask=nmask, other=0).to(tl.float32)
+        sc = tl.load(sc_ptr + s_off, mask=nmask, other=0).to(tl.int32)
+        scale = d * (sc & 0xF).to(tl.float32)
+        val = q * (scale * (1.0 / (1 << P)))[:, None] - (dmin * (sc >> 4).to(tl.float32))[:, None]
+    else:  # Q3_K: (d * (sc - 32)) * (q + 4 * hbit - 4), every partial result exact
+        scale = d * tl.load(sc_ptr + s_off, mask=nmask, other=0).to(tl.float32)
+        hb = _as_float(h & (1 << J))  # hmask bit * 2^J
+        val = q * (scale * (1.0 / (1 << P)))[:, None] + (
+            hb * (scale * (4.0 / (1 << J)))[:, None] - (4.0 * scale)[:, None]
+        )
+    return val
+
+
+@triton.jit
 def group(
     QTYPE: tl.constexpr,
     HI: tl.constexpr,  # the type has a high-bit plane (Q5_0, Q5_1, Q5_K, Q6_K)
@@ -67,6 +107,14 @@ def group(
         d = tl.load(d_ptr + rows * stride_s + c * 4 + J, mask=nmask, other=0).to(tl.float32)
         u = _as_float((src & (0xFF << P)) ^ (0x80 << P))  # (q + 128) * 2^P
         val = u * (d * (1.0 / (1 << P)))[:, None] - (128.0 * d)[:, None]
+    elif QTYPE == Q2_K:  # noqa: SIM114 - Triton's constexpr `if` takes no `or` chains
+        val = _two_bit(
+            QTYPE, J, w, wh, h, sc_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+        )
+    elif QTYPE == Q3_K:
+        val = _two_bit(
+            QTYPE, J, w, wh, h, sc_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+        )
     elif QTYPE == Q6_K:  # (lo + 16 * hi - 32) * d * sc, lo a nibble of w, hi a bit pair of h
         P: tl.constexpr = 4 * (J % 4)
         src = w

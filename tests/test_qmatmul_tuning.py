@@ -78,3 +78,19 @@ def test_tuner_survives_a_corrupt_table(tmp_path: Path) -> None:
     tuner.table["x"] = {"BLOCK_N": 8}
     tuner._save()
     assert json.loads((tmp_path / "qmatmul-tuning.json").read_text()) == {"x": {"BLOCK_N": 8}}
+
+
+def test_shipped_tables_load_under_the_local_cache(tmp_path: Path, monkeypatch) -> None:
+    import shared.kernels.qmatmul.tuning as tuning
+
+    shipped = tmp_path / "tuned"
+    shipped.mkdir()
+    a, b = "cpu|8|8x256|m1|bfloat16", "cpu|8|8x256|m16|bfloat16"
+    (shipped / "dev.json").write_text(json.dumps({a: {"BLOCK_N": 8}, b: {"BLOCK_N": 16}}))
+    (tmp_path / "qmatmul-tuning.json").write_text(json.dumps({b: {"BLOCK_N": 32}}))
+    monkeypatch.setattr(tuning, "SHIPPED", shipped)
+    tuner = Tuner(torch.device("cpu"), cache_dir=tmp_path)
+    assert tuner.table[a] == {"BLOCK_N": 8} and tuner.table[b] == {"BLOCK_N": 32}
+    tuner.table["other-device|8|8x256|m1|bfloat16"] = {"BLOCK_N": 64}
+    tuner._save()  # the cache keeps only this device's entries
+    assert set(json.loads((tmp_path / "qmatmul-tuning.json").read_text())) == {a, b}

@@ -31,6 +31,7 @@ case " $STAGES " in *" w1 "*)
   timeout ${W1_S:-420} python3 -m tools.bench_w1 /tmp/l3-q4_k_m.gguf /tmp/l3-q6_k.gguf /tmp/l3-q8_0.gguf \
     2>&1 | tee "$OUT/w1-skiff.jsonl" ;;
 esac
+cp /tmp/skiff-cache/qmatmul-tuning.json "$OUT/" 2>/dev/null  # measured tiles: ship them (tuned/)
 case " $STAGES " in *" sweep "*)
   timeout ${SWEEP_S:-150} python3 -m tools.bench_packed --quick ${SWEEP_ARGS:-} 2>&1 \
     | tee "$OUT/sweep.txt" ;;

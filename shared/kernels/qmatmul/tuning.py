@@ -29,7 +29,10 @@ from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
 
 __all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key"]
 
-BUCKETS = (1, 16, 64, 512)  # representative M of each bucket: decode 1, <= 16, <= 64, prefill
+# representative M of each bucket: decode 1, <= 16, <= 64, prefill
+BUCKETS = (1, 16, 64, 512)
+# <device>.json tables measured with this code (see tuned/README.md)
+SHIPPED = Path(__file__).parent / "tuned"
 
 
 def bucket(m: int) -> int:
@@ -86,9 +89,13 @@ class Tuner:
         )
         self.path = root / "qmatmul-tuning.json"
         self.prefix = device_key(self.device) if self.device.type == "cuda" else "cpu"
+        # tables measured on known devices ship with the code; the local cache overrides them
         self.table: dict[str, dict[str, int]] = {}
+        for shipped in sorted(SHIPPED.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                self.table.update(json.loads(shipped.read_text()))
         with contextlib.suppress(OSError, ValueError):
-            self.table = json.loads(self.path.read_text())
+            self.table.update(json.loads(self.path.read_text()))
 
     def _key(self, pw: PackedWeight, m_bucket: int, dtype: torch.dtype) -> str:
         n, k = pw.shape
@@ -135,7 +142,8 @@ class Tuner:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.table, indent=1, sort_keys=True))
+            mine = {k: v for k, v in self.table.items() if k.startswith(f"{self.prefix}|")}
+            tmp.write_text(json.dumps(mine, indent=1, sort_keys=True))
             tmp.replace(self.path)  # atomic: concurrent workers never read half a file
         except OSError:
             pass  # a read-only cache only costs re-tuning next time

@@ -74,10 +74,10 @@ def test_tuner_reads_its_table_and_falls_back_to_defaults(tmp_path: Path) -> Non
 def test_tuner_survives_a_corrupt_table(tmp_path: Path) -> None:
     (tmp_path / "qmatmul-tuning.json").write_text("{not json")
     tuner = Tuner(torch.device("cpu"), cache_dir=tmp_path)
-    assert tuner.table == {}
-    tuner.table["x"] = {"BLOCK_N": 8}
+    assert not any(key.startswith("cpu|") for key in tuner.table)
+    tuner.table["cpu|x"] = {"BLOCK_N": 8}
     tuner._save()
-    assert json.loads((tmp_path / "qmatmul-tuning.json").read_text()) == {"x": {"BLOCK_N": 8}}
+    assert json.loads((tmp_path / "qmatmul-tuning.json").read_text()) == {"cpu|x": {"BLOCK_N": 8}}
 
 
 def test_shipped_tables_load_under_the_local_cache(tmp_path: Path, monkeypatch) -> None:

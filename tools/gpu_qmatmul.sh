@@ -45,4 +45,5 @@ case " $STAGES " in *" llama "*)
       2>>"$OUT/llama-bench.err" | tee -a "$OUT/w1-llama.jsonl"
   done ;;
 esac
+python3 -m tools.w1_table "$OUT/w1-skiff.jsonl" "$OUT/w1-llama.jsonl" 2>/dev/null | tee "$OUT/w1-table.md"
 exit 0

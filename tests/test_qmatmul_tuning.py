@@ -94,3 +94,14 @@ def test_shipped_tables_load_under_the_local_cache(tmp_path: Path, monkeypatch) 
     tuner.table["other-device|8|8x256|m1|bfloat16"] = {"BLOCK_N": 64}
     tuner._save()  # the cache keeps only this device's entries
     assert set(json.loads((tmp_path / "qmatmul-tuning.json").read_text())) == {a, b}
+
+
+def test_weight_copies_exceed_twice_the_cache() -> None:
+    from shared.kernels.qmatmul.timing import weight_copies
+
+    pw = pack(random_raw(T.Q4_K, 16, 512, seed=2), T.Q4_K, (16, 512))
+    copies = weight_copies(pw, l2=5 * pw.nbytes)
+    assert len(copies) == 10 and copies[0] is pw
+    assert all(torch.equal(c.q, pw.q) and c.q.data_ptr() != pw.q.data_ptr() for c in copies[1:])
+    assert all(torch.equal(c.sc, pw.sc) and c.qtype == pw.qtype for c in copies)
+    assert len(weight_copies(pw, l2=1)) == 2 and len(weight_copies(pw, l2=1 << 40)) == 64

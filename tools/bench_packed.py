@@ -2,16 +2,17 @@
 
     python -m tools.bench_packed [--types Q4_K Q6_K Q8_0] [--m 1 16 64 512] [--quick]
 
-Decode sizes (M <= 64) report weight GB/s (packed bytes / median time) against the copy
-bandwidth measured in the same run (read + write); prefill sizes report TFLOP/s against torch's
-bf16 matmul of the same shape. `GGUF GB/s` counts the file's bytes instead (what the W1 bound
-uses). Times are medians of ``triton.testing.do_bench``.
+Candidates are the tuner's (shared/kernels/qmatmul/tuning.py; --quick takes every third).
+Decode sizes (M <= 64) report weight GB/s (packed bytes / time) against the copy bandwidth
+measured in the same run (read + write), timed as a decode step runs them: replayed from a CUDA
+graph with the weight cold in L2 (shared/kernels/qmatmul/timing.py). Prefill sizes report
+TFLOP/s against torch's bf16 matmul of the same shape (``triton.testing.do_bench``). `GGUF
+GB/s` counts the file's bytes instead (what the W1 bound uses).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 
 import torch
@@ -20,6 +21,8 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from shared.kernels.qmatmul.timing import cold_graph_ms, weight_copies
+from shared.kernels.qmatmul.tuning import candidates
 from shared.quant import block_geometry
 from tools.bench_qgemv import copy_bandwidth, random_weight
 
@@ -28,24 +31,16 @@ DEVICE = "cuda"
 SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1024, 4096), (128256, 4096))
 
 
-def candidates(m: int, quick: bool) -> list[dict[str, int]]:
-    if m == 1:
-        grid = itertools.product((8, 16, 32, 64), (1, 2, 4, 8), (2, 4, 8))
-        out = [{"BLOCK_N": b, "SPLIT_K": s, "num_warps": w} for b, s, w in grid if b * 32 >= w * 32]
-        return out[::3] if quick else out
-    if m <= 64:
-        grid = itertools.product((16, 32, 64, 128), (4, 8), (2, 3))
-        bm = max(16, triton.next_power_of_2(m))
-        return [{"BLOCK_M": bm, "BLOCK_N": b, "num_warps": w, "num_stages": s} for b, w, s in grid]
-    grid = itertools.product((64, 128), (64, 128, 256), (4, 8), (2, 3))
-    keys = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-    return [dict(zip(keys, values, strict=True)) for values in grid]
-
-
-def timed(fn) -> float:
+def timed(x: torch.Tensor, pw, copies, cfg: dict | None) -> float:
+    """ms per call: decode sizes replayed from a CUDA graph with the weight cold in L2 (as a
+    decode step runs them), prefill sizes by do_bench."""
     try:
-        return triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median")
-    except Exception as exc:  # a config the compiler refuses (resources): skip it
+        if x.shape[0] <= 64:
+            return cold_graph_ms(x, copies, cfg)
+        return triton.testing.do_bench(
+            lambda: packed_matmul(x, pw, config=cfg), warmup=10, rep=30, return_mode="median"
+        )
+    except Exception as exc:  # noqa: BLE001 - a config the compiler refuses: skip it
         print(f"    skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
         return float("inf")
 
@@ -67,16 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         block, size = block_geometry(qtype)
         for n, k in SHAPES[: args.shapes]:
             pw = pack(random_weight(qtype, n, k), qtype, (n, k))
+            copies = weight_copies(pw)
             gguf_bytes = n * k // block * size
             dense = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
             for m in args.m:
                 x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
-                results = []
-                for cfg in candidates(m, args.quick):
-                    ms = timed(lambda cfg=cfg, x=x, pw=pw: packed_matmul(x, pw, config=cfg))
-                    results.append((ms, cfg))
+                cands = candidates(m, pw)
+                results = [(timed(x, pw, copies, c), c) for c in cands[:: 3 if args.quick else 1]]
                 ms, cfg = min(results, key=lambda r: r[0])
-                ms_default = timed(lambda x=x, pw=pw: packed_matmul(x, pw))
+                ms_default = timed(x, pw, copies, None)
                 if m <= 64:
                     gbps = pw.nbytes / ms / 1e6
                     print(
@@ -85,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"default {ms_default * 1e3:.1f} us  best {cfg}"
                     )
                 else:
-                    ref = timed(lambda x=x, dense=dense: x @ dense.T)
+                    ref = triton.testing.do_bench(lambda x=x, dense=dense: x @ dense.T)
                     flops = 2 * m * n * k
                     print(
                         f"{name:<5}{n:>7}{k:>6} M={m:<4} {ms * 1e3:8.1f} us "
@@ -93,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"default {ms_default * 1e3:.1f} us  best {cfg}"
                     )
                 sys.stdout.flush()
-            del pw, dense
+            del pw, dense, copies
     return 0
 
 

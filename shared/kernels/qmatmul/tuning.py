@@ -9,8 +9,10 @@ to ``packed_matmul.default_config``; ``SKIFF_QMATMUL_TUNE=0`` skips the timing (
 A first load of an 8B model tunes for a few minutes, mostly compiling candidates.
 
 The model loader tunes every packed layer shape before CUDA graphs are captured (timing cannot
-run inside a capture); tools/bench_packed.py sweeps wider grids by hand. A candidate is timed only
-if its result agrees with the default tiles' (a variant that compiles wrong is never picked).
+run inside a capture); tools/bench_packed.py sweeps wider grids by hand. Decode-sized buckets
+are timed as a decode step runs them (``timing.cold_graph_ms``: CUDA graph, weight cold in
+L2). A candidate is timed only if its result agrees with the default tiles' (a variant that
+compiles wrong is never picked).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import triton.testing
 
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
+from shared.kernels.qmatmul.timing import cold_graph_ms, weight_copies
 
 __all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key"]
 
@@ -111,6 +114,7 @@ class Tuner:
         if self.device.type != "cuda" or os.environ.get("SKIFF_QMATMUL_TUNE") == "0":
             return
         changed = False
+        copies = None  # of the weight, made on first need (decode-sized timing)
         for m in BUCKETS:
             key = self._key(pw, m, dtype)
             if key in self.table:
@@ -122,12 +126,16 @@ class Tuner:
                 try:
                     if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref):
                         continue  # never pick a variant that computes something else
-                    ms = triton.testing.do_bench(
-                        lambda cfg=cfg, x=x: packed_matmul(x, pw, config=cfg),
-                        warmup=5,
-                        rep=20,
-                        return_mode="median",
-                    )
+                    if m <= 64:  # decode sizes: as a decode step runs them (graph, cold L2)
+                        copies = copies or weight_copies(pw)
+                        ms = cold_graph_ms(x, copies, cfg)
+                    else:  # prefill runs eagerly; its kernels dwarf a launch
+                        ms = triton.testing.do_bench(
+                            lambda cfg=cfg, x=x: packed_matmul(x, pw, config=cfg),
+                            warmup=5,
+                            rep=20,
+                            return_mode="median",
+                        )
                 except Exception:  # noqa: BLE001 - a tile this device cannot build or hold
                     continue
                 if ms < best_ms:

@@ -1,0 +1,65 @@
+"""Timing a packed matmul the way a decode step runs it: replayed from a CUDA graph (no Python
+launch cost) with the weight cold in L2 (every layer's weights pass through once per token).
+
+``cold_graph_ms`` captures the call once per copy of the weight (``weight_copies``: enough to
+exceed twice the L2 cache) and returns the replay time per call. ``triton.testing.do_bench``
+instead times Python launches (tens of microseconds, more than a small GEMV takes) and
+``do_bench_cudagraph`` repeats one weight that then sits in L2; both mislead at decode sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch
+
+from shared.kernels.qmatmul.packed import PackedWeight
+from shared.kernels.qmatmul.packed_matmul import packed_matmul
+
+__all__ = ["cold_graph_ms", "weight_copies"]
+
+_MAX_COPIES = 64
+
+
+def weight_copies(pw: PackedWeight, l2: int | None = None) -> list[PackedWeight]:
+    """pw and clones of it, together more than twice the L2 cache (the device's by default),
+    at most 64 of them."""
+    if l2 is None:
+        props = torch.cuda.get_device_properties(pw.q.device)
+        l2 = getattr(props, "L2_cache_size", 64 << 20)
+    n = min(_MAX_COPIES, max(2, -(-2 * l2 // max(pw.nbytes, 1))))
+    out = [pw]
+    for _ in range(n - 1):
+        planes = {
+            f.name: getattr(pw, f.name).clone()
+            for f in dataclasses.fields(pw)
+            if isinstance(getattr(pw, f.name), torch.Tensor)
+        }
+        out.append(dataclasses.replace(pw, **planes))
+    return out
+
+
+def cold_graph_ms(
+    x: torch.Tensor, copies: list[PackedWeight], config: dict[str, int] | None, reps: int = 5
+) -> float:
+    """Median ms of one ``packed_matmul(x, w, config=config)`` over the copies of a weight,
+    replayed from a CUDA graph."""
+    packed_matmul(x, copies[0], config=config)  # compile outside the capture
+    torch.cuda.synchronize(x.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in copies:
+            packed_matmul(x, c, config=config)
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(copies))
+    del graph
+    return statistics.median(times)

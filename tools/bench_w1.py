@@ -39,7 +39,9 @@ def run_once(
     return len(prompt) / (t_first - t0), (n - 1) / (t_last - t_first)
 
 
-def bench(path: Path, device: str, prompt_len: int, gen: int, runs: int) -> dict:
+def bench(
+    path: Path, device: str, prompt_len: int, gen: int, runs: int, overlap: bool = False
+) -> dict:
     from shared.engine import Sequence
     from shared.engine.factory import EngineConfig, build_engine
     from shared.sampling import SamplingParams
@@ -50,7 +52,7 @@ def bench(path: Path, device: str, prompt_len: int, gen: int, runs: int) -> dict
             model_path=str(path), device=device, dtype="bfloat16",
             max_model_len=prompt_len + gen + 16,
             kv_blocks=(prompt_len + gen) // 16 + 64, max_batch_tokens=max(2048, prompt_len),
-            prefix_caching=False, max_seqs=1,
+            prefix_caching=False, max_seqs=1, overlap=overlap,
         )
     )  # fmt: skip
     load_s = time.perf_counter() - t
@@ -82,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--overlap", action="store_true", help="overlapped engine steps")
     a = p.parse_args(argv)
     for path in a.models:
-        print(json.dumps(bench(path, a.device, a.prompt, a.gen, a.runs)), flush=True)
+        result = bench(path, a.device, a.prompt, a.gen, a.runs, a.overlap)
+        print(json.dumps(result | {"overlap": a.overlap}), flush=True)
         torch.cuda.empty_cache()
     return 0
 

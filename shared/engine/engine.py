@@ -1,12 +1,56 @@
-"""LLMEngine: continuous batching over a paged KV cache. `step()` = schedule, run, postprocess."""
+"""LLMEngine: continuous batching over a paged KV cache. `step()` = schedule, run, postprocess.
+
+With ``overlap`` the CPU prepares step N+1 while the device runs step N: step N+1 is scheduled
+and launched before step N's sampled ids reach the host (each decode's new token id is copied
+from step N's output on the device), and only then does the engine wait for step N's ids and
+postprocess them. A step's events therefore come out of the *next* call to ``step()``. A
+sequence that stops at step N has already been given a place in step N+1; that row is computed
+and dropped. Steps fall back to the synchronous order when a running request uses penalties
+(they need every id on the host) or when a sequence must be preempted (its recompute needs
+them too).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
 
 from shared.engine.model_runner import ModelRunner
 from shared.engine.scheduler import Scheduler
 from shared.engine.sequence import SeqStatus, Sequence, TokenEvent
 from shared.kv.block_manager import BlockManager
 from shared.sampling import SampleOutput
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose sampled ids are still on their way to the host."""
+
+    sampled: list[Sequence]
+    device_out: SampleOutput  # read by the next step on the device
+    host_out: SampleOutput  # pinned copies, valid once `ready` has passed
+    ready: torch.cuda.Event | None
+
+
+def _to_host(out: SampleOutput) -> tuple[SampleOutput, torch.cuda.Event | None]:
+    """Start copying a step's results to pinned host memory; the event marks their arrival
+    (waiting on it does not wait for steps launched after this one)."""
+    if out.token_ids.device.type != "cuda":
+        return out, None
+
+    def copy(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return host.copy_(t, non_blocking=True)
+
+    host = SampleOutput(
+        copy(out.token_ids), copy(out.logprobs), copy(out.top_ids), copy(out.top_logprobs)
+    )
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 class LLMEngine:
@@ -17,13 +61,16 @@ class LLMEngine:
         max_model_len: int,
         max_batch_tokens: int = 2048,
         max_seqs: int = 256,
+        overlap: bool = False,
     ) -> None:
         if blocks.block_size != runner.kv.block_size:
             raise ValueError("the block manager and the KV pool disagree on the block size")
         self.runner = runner
         self.blocks = blocks
         self.max_model_len = max_model_len
+        self.overlap = overlap
         self.scheduler = Scheduler(blocks, max_model_len, max_batch_tokens, max_seqs)
+        self._inflight: _InFlight | None = None
 
     @property
     def running(self) -> list[Sequence]:
@@ -44,15 +91,50 @@ class LLMEngine:
         return True
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running)
+        return bool(self.scheduler.waiting or self.scheduler.running or self._inflight)
 
     def step(self) -> list[TokenEvent]:
-        work = self.scheduler.schedule()
-        if not work:
-            return []
-        sampled, out = self.runner.run(work)
-        self.scheduler.after_step(work)
-        return self._postprocess(sampled, out)
+        if not self.overlap:
+            work = self.scheduler.schedule()
+            if not work:
+                return []
+            sampled, out = self.runner.run(work)
+            self.scheduler.after_step(work)
+            return self._postprocess(sampled, out)
+        return self._step_overlapped()
+
+    def _step_overlapped(self) -> list[TokenEvent]:
+        prev = self._inflight
+        work = None
+        if prev is None or not any(s.params.has_penalties for s in self.scheduler.running):
+            work = self.scheduler.schedule(can_preempt=prev is None)
+        if work is None:  # penalties or a preemption need the in-flight ids first
+            self._inflight = None
+            return self._resolve(prev) if prev else []
+        launched = None
+        if work:
+            sampled, out = self.runner.run(work, prev.device_out if prev else None)
+            if out is not None:
+                host, ready = _to_host(out)
+                launched = _InFlight(sampled, out, host, ready)
+        events = self._resolve(prev) if prev else []
+        if work:
+            self.scheduler.after_step(work)
+        self._inflight = None
+        if launched is not None:
+            for row, seq in enumerate(launched.sampled):
+                if seq.status is SeqStatus.RUNNING:
+                    seq.num_inflight, seq.inflight_row = 1, row
+            self._inflight = launched
+        return events
+
+    def _resolve(self, step: _InFlight) -> list[TokenEvent]:
+        """Wait for a launched step's ids and postprocess the sequences still running."""
+        if step.ready is not None:
+            step.ready.synchronize()
+        for seq in step.sampled:
+            seq.num_inflight, seq.inflight_row = 0, -1
+        return self._postprocess(step.sampled, step.host_out)
 
     def check_integrity(self) -> None:
         self.scheduler.check_integrity()
@@ -71,6 +153,8 @@ class LLMEngine:
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
         events = []
         for i, seq in enumerate(sampled):
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # stopped or aborted while this (overlapped) step ran
             token = token_ids[i]
             seq.output_ids.append(token)
             reason = None

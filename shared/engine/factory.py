@@ -32,6 +32,7 @@ class EngineConfig:
     prefix_caching: bool = True
     max_seqs: int = 256
     cuda_graphs: bool = True  # decode steps on CUDA replay captured graphs
+    overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
 
 
 @dataclass
@@ -78,5 +79,7 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         cfg.prefix_caching,
         f"{f.path.name}:{f.path.stat().st_size}".encode(),
     )
-    engine = LLMEngine(runner, blocks, max_len, cfg.max_batch_tokens, cfg.max_seqs)
+    engine = LLMEngine(
+        runner, blocks, max_len, cfg.max_batch_tokens, cfg.max_seqs, overlap=cfg.overlap
+    )
     return LoadedEngine(engine, load_tokenizer(f.metadata), f)

@@ -10,6 +10,7 @@ from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
 from shared.model.causal_lm import CausalLM
 from shared.sampling import SampleOutput, Sampler
+from shared.sampling.sampler import to_device
 
 
 class ModelRunner:
@@ -26,9 +27,15 @@ class ModelRunner:
         self.sampler = Sampler()
         self.graphs = graphs  # decode steps replay CUDA graphs when given
 
-    def run(self, work: list[tuple[Sequence, int]]) -> tuple[list[Sequence], SampleOutput | None]:
+    def run(
+        self, work: list[tuple[Sequence, int]], prev: SampleOutput | None = None
+    ) -> tuple[list[Sequence], SampleOutput | None]:
         """`work` lists (sequence, tokens to compute now). Sequences whose pending tokens all
-        run in this step get a sampled token; the returned list names them in row order."""
+        run in this step get a sampled token; the returned list names them in row order.
+
+        `prev` is the output of the step still in flight (overlapped steps): a sequence whose
+        last token it sampled (``num_inflight``) gets that token's id copied on the device from
+        row ``inflight_row`` of ``prev.token_ids``; nothing waits for the host."""
         chunks, sampled = [], []
         for seq, n in work:
             start = seq.num_computed
@@ -44,6 +51,17 @@ class ModelRunner:
             if finishes:
                 sampled.append(seq)
         batch = ForwardBatch.build(chunks, self.kv.block_size, self.device)
+        fill = [
+            (batch.query_start_loc[i + 1] - 1, seq.inflight_row)
+            for i, (seq, _) in enumerate(work)
+            if seq.num_inflight
+        ]
+        if fill:
+            if prev is None:
+                raise ValueError("a sequence has a token in flight but no previous output given")
+            rows, src = (torch.tensor(c, dtype=torch.int64) for c in zip(*fill, strict=True))
+            rows, src = to_device(rows, self.device), to_device(src, self.device)
+            batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
         decode = len(sampled) == len(work) and batch.max_query_len == 1
         if decode and self.graphs is not None and self.graphs.fits(len(work)):
             logits = self.graphs.run(batch)

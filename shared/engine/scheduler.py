@@ -55,14 +55,20 @@ class Scheduler:
         seq.block_table = []
         seq.block_hashes = []
 
-    def schedule(self) -> Work:
+    def schedule(self, can_preempt: bool = True) -> Work | None:
+        """The next step's work. With can_preempt False (tokens in flight, whose ids a
+        recompute would need), returns None instead of preempting anyone."""
         budget = self.max_batch_tokens
         work: Work = []
         for seq in sorted(self.running, key=lambda s: s.num_pending):
-            if seq.status is not SeqStatus.RUNNING or budget == 0:
+            if seq.status is not SeqStatus.RUNNING or budget == 0 or seq.sampling_done:
                 continue
             n = min(seq.num_pending, budget)
+            if n == 0:
+                continue
             while not self._reserve(seq, seq.num_computed + n):
+                if not can_preempt:
+                    return None
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
@@ -93,6 +99,8 @@ class Scheduler:
         """Advance what was computed and name the blocks that became full."""
         bs = self.block_size
         for seq, n in work:
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # finished or aborted while its step ran: its blocks are gone
             seq.num_computed += n
             ids = None
             while len(seq.block_hashes) < seq.num_computed // bs:

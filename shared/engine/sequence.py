@@ -30,6 +30,10 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # prompt tokens the prefix cache supplied
     num_preemptions: int = 0
+    # overlapped steps: a token sampled by the step still running on the device, not yet in
+    # output_ids (its id is taken on the device by the next step), and its row in that step
+    num_inflight: int = 0
+    inflight_row: int = -1
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
 
@@ -38,7 +42,11 @@ class Sequence:
         return self.prompt_ids + self.output_ids
 
     def token_slice(self, start: int, end: int) -> list[int]:
-        """all_ids[start:end] without building all_ids (a decode step needs one token)."""
+        """all_ids[start:end] without building all_ids (a decode step needs one token); an
+        in-flight token reads as 0 (the runner fills its id in on the device)."""
+        known = len(self.prompt_ids) + len(self.output_ids)
+        if end > known:
+            return self.token_slice(start, known) + [0] * (end - max(start, known))
         n = len(self.prompt_ids)
         if start >= n:
             return self.output_ids[start - n : end - n]
@@ -48,7 +56,12 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_inflight
+
+    @property
+    def sampling_done(self) -> bool:
+        """max_tokens reached, counting a token still in flight."""
+        return len(self.output_ids) + self.num_inflight >= self.max_tokens
 
     @property
     def num_pending(self) -> int:

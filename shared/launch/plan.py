@@ -33,6 +33,7 @@ class ServeConfig:
     max_model_len: int | None = None
     kv_blocks: int | None = None
     max_batch_tokens: int | None = None
+    overlap: bool = False  # workers prepare step N+1 while the device runs step N
     stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
 
     @property
@@ -52,6 +53,7 @@ class ServeConfig:
             max_model_len=args.max_model_len,
             kv_blocks=args.kv_blocks,
             max_batch_tokens=args.max_batch_tokens,
+            overlap=args.overlap,
             stop_timeout_s=args.stop_timeout,
         )
 
@@ -71,6 +73,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None, help="context limit per request")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per worker")
     p.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per step")
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="workers schedule and launch step N+1 before step N's tokens reach the host",
+    )
     p.add_argument(
         "--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL"
     )
@@ -178,6 +185,8 @@ def plan_processes(
         "--max-batch-tokens": config.max_batch_tokens,
     }
     extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
+    if config.overlap:
+        extra.append("--overlap")
     workers = {
         f"worker {d}": [
             python,

@@ -46,7 +46,7 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     return gen
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     # A pageable host->GPU copy blocks until the stream drains (i.e. the forward pass);
     # staging through pinned memory keeps the CPU running ahead of the GPU.
     if device.type == "cuda":
@@ -66,11 +66,11 @@ def _count_ids(
     if total:
         # fromiter is ~4x faster than torch.tensor(list) on long prompts.
         flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int64, count=total)
-        cols = _to_device(torch.from_numpy(flat), device)
+        cols = to_device(torch.from_numpy(flat), device)
         cols = torch.where((cols < 0) | (cols >= vocab), vocab, cols)
         rows = torch.repeat_interleave(
             torch.arange(batch, device=device),
-            _to_device(torch.tensor(lengths), device),
+            to_device(torch.tensor(lengths), device),
             output_size=total,
         )
         counts.scatter_add_(0, rows * (vocab + 1) + cols, torch.ones_like(cols, dtype=counts.dtype))
@@ -101,7 +101,7 @@ def apply_penalties(
         [[p.repetition_penalty, p.presence_penalty, p.frequency_penalty] for p in params],
         dtype=torch.float32,
     )
-    coef = _to_device(coef, device)
+    coef = to_device(coef, device)
     rep, presence, frequency = coef[:, 0:1], coef[:, 1:2], coef[:, 2:3]
     if any(rep_rows):
         prompt_counts = _count_ids(
@@ -150,7 +150,7 @@ class Sampler:
             if len(random_rows) == batch:
                 tokens = self._sample_random(x, params, generators)
             else:
-                idx = _to_device(torch.tensor(random_rows, dtype=torch.int64), x.device)
+                idx = to_device(torch.tensor(random_rows, dtype=torch.int64), x.device)
                 sub = self._sample_random(
                     x.index_select(0, idx),
                     [params[i] for i in random_rows],
@@ -198,7 +198,7 @@ class Sampler:
             ],
             dtype=torch.float32,
         )
-        cols = _to_device(cols, device)
+        cols = to_device(cols, device)
         temp, k_col, top_p, log_min_p = (cols[:, i : i + 1] for i in range(4))
         k_col = k_col.long()
 

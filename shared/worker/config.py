@@ -23,6 +23,7 @@ class WorkerConfig:
     kv_blocks: int = 0  # 0: sized from the device (see shared.engine.factory)
     max_model_len: int = 0  # 0: the model's context, capped
     max_batch_tokens: int = 2048
+    overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -65,6 +66,11 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks (0: size from memory)")
     p.add_argument("--max-model-len", type=int, default=0, help="context limit (0: the model's)")
     p.add_argument("--max-batch-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="schedule and launch step N+1 before step N's tokens reach the host",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -80,5 +86,6 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         kv_blocks=a.kv_blocks,
         max_model_len=a.max_model_len,
         max_batch_tokens=a.max_batch_tokens,
+        overlap=a.overlap,
         worker_id=a.worker_id,
     )

@@ -172,6 +172,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             max_model_len=cfg.max_model_len,
             kv_blocks=cfg.kv_blocks,
             max_batch_tokens=cfg.max_batch_tokens,
+            overlap=cfg.overlap,
         )
     )
     engine = loaded.engine

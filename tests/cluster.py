@@ -104,6 +104,8 @@ class Cluster:
                 "--gateway-tokens",
                 f"tcp://127.0.0.1:{self.tokens}",
                 *self.worker_args,
+                # e.g. SKIFF_TEST_WORKER_ARGS=--overlap runs the suite with overlapped steps
+                *os.environ.get("SKIFF_TEST_WORKER_ARGS", "").split(),
             ],
             cwd=ROOT,
             env=self._env(),

@@ -11,6 +11,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 MODEL=/tmp/l3-8b-f16.gguf
 BUILD=/tmp/llama-build
 BATCH_TOKENS=${BATCH_TOKENS:-512}
+MODEL=${MODEL_PATH:-$MODEL}  # e.g. a Q4_K_M file from tools/llama3_shape.py --type q4_k_m
+# SERVE_ARGS=--overlap: overlapped engine steps
 
 wait_health() {  # url timeout_s
   for _ in $(seq 1 "$2"); do
@@ -22,7 +24,8 @@ wait_health() {  # url timeout_s
 
 skiff_up() {  # port max_model_len
   setsid python3 -m shared.cli serve "$MODEL" --devices cuda:0 --port "$1" \
-    --max-model-len "$2" --max-batch-tokens "$BATCH_TOKENS" > "$OUT/skiff-$1.log" 2>&1 &
+    --max-model-len "$2" --max-batch-tokens "$BATCH_TOKENS" ${SERVE_ARGS:-} \
+    > "$OUT/skiff-$1.log" 2>&1 &
   wait_health "http://127.0.0.1:$1" 600
 }
 

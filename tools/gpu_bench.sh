@@ -36,7 +36,7 @@ if [ "${1:-}" = prepare ]; then
     setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
       > /tmp/llama-build.log 2>&1 < /dev/null &
   fi
-  [ -f $MODEL ] || python3 -m tools.llama3_shape $MODEL 2>&1 | tee "$OUT/model.txt"
+  [ -f $MODEL ] || python3 -m tools.llama3_shape $MODEL --type ${MODEL_TYPE:-f16} 2>&1 | tee "$OUT/model.txt"
   SKIFF_MODELS_DIR=$PWD/.device/models python3 -m pytest -q -rs -s -p no:cacheprovider -m gpu \
     tests/test_gpu_model.py 2>&1 | tee "$OUT/pytest-gpu-model.log"
   skiff_up 8080 34000 || { tail -50 "$OUT/skiff-8080.log"; exit 1; }

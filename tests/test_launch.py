@@ -150,7 +150,7 @@ def test_gateway_and_worker_commands_agree_on_ports() -> None:
 def test_worker_options_are_passed_on() -> None:
     config = ServeConfig(
         model=Path("/m.gguf"), dtype="float16", max_model_len=1024, kv_blocks=64,
-        max_batch_tokens=256, overlap=True,
+        max_batch_tokens=256, overlap=True, step_target_ms=20.0,
     )  # fmt: skip
     plan = launch.plan_processes(config, ["cpu"], launch.local_endpoints())
     argv = plan.workers["worker cpu"]
@@ -159,6 +159,7 @@ def test_worker_options_are_passed_on() -> None:
     assert _flag(argv, "--kv-blocks") == "64"
     assert _flag(argv, "--max-batch-tokens") == "256"
     assert "--overlap" in argv
+    assert _flag(argv, "--step-target-ms") == "20.0"
     # the worker accepts what the plan passes
     from shared.worker.config import parse_worker_args
 

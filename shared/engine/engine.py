@@ -12,10 +12,12 @@ them too).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from shared.engine.chunk_budget import ChunkBudget
 from shared.engine.model_runner import ModelRunner
 from shared.engine.scheduler import Scheduler
 from shared.engine.sequence import SeqStatus, Sequence, TokenEvent
@@ -31,6 +33,12 @@ class _InFlight:
     device_out: SampleOutput  # read by the next step on the device
     host_out: SampleOutput  # pinned copies, valid once `ready` has passed
     ready: torch.cuda.Event | None
+    shape: tuple[bool, int]  # (carried decodes, prompt tokens): for the chunk budget
+
+
+def _shape(work: list[tuple[Sequence, int]]) -> tuple[bool, int]:
+    """(whether a step carries decodes, how many prompt-chunk tokens it carries)."""
+    return any(n == 1 for _, n in work), sum(n for _, n in work if n > 1)
 
 
 def _to_host(out: SampleOutput) -> tuple[SampleOutput, torch.cuda.Event | None]:
@@ -62,7 +70,10 @@ class LLMEngine:
         max_batch_tokens: int = 2048,
         max_seqs: int = 256,
         overlap: bool = False,
+        step_target_ms: float = 0.0,
     ) -> None:
+        """step_target_ms > 0 caps the prompt tokens of steps that carry decodes so those
+        steps last about that long (``ChunkBudget``); 0 leaves them at max_batch_tokens."""
         if blocks.block_size != runner.kv.block_size:
             raise ValueError("the block manager and the KV pool disagree on the block size")
         self.runner = runner
@@ -71,6 +82,10 @@ class LLMEngine:
         self.overlap = overlap
         self.scheduler = Scheduler(blocks, max_model_len, max_batch_tokens, max_seqs)
         self._inflight: _InFlight | None = None
+        self.chunk_budget = (
+            ChunkBudget(step_target_ms, max_batch_tokens) if step_target_ms > 0 else None
+        )
+        self._resolved_at = 0.0  # when the last overlapped step's ids arrived
 
     @property
     def running(self) -> list[Sequence]:
@@ -95,28 +110,37 @@ class LLMEngine:
 
     def step(self) -> list[TokenEvent]:
         if not self.overlap:
-            work = self.scheduler.schedule()
+            start = time.perf_counter()
+            work = self.scheduler.schedule(prefill_cap=self._cap())
             if not work:
                 return []
             sampled, out = self.runner.run(work)
             self.scheduler.after_step(work)
-            return self._postprocess(sampled, out)
+            events = self._postprocess(sampled, out)
+            if self.chunk_budget is not None:
+                self.chunk_budget.observe(*_shape(work), time.perf_counter() - start)
+            return events
         return self._step_overlapped()
+
+    def _cap(self) -> int | None:
+        return self.chunk_budget.cap if self.chunk_budget is not None else None
 
     def _step_overlapped(self) -> list[TokenEvent]:
         prev = self._inflight
         work = None
         if prev is None or not any(s.params.has_penalties for s in self.scheduler.running):
-            work = self.scheduler.schedule(can_preempt=prev is None)
+            work = self.scheduler.schedule(can_preempt=prev is None, prefill_cap=self._cap())
         if work is None:  # penalties or a preemption need the in-flight ids first
             self._inflight = None
             return self._resolve(prev) if prev else []
         launched = None
         if work:
+            if prev is None:  # the pipeline (re)starts: time its first step from its launch
+                self._resolved_at = time.perf_counter()
             sampled, out = self.runner.run(work, prev.device_out if prev else None)
             if out is not None:
                 host, ready = _to_host(out)
-                launched = _InFlight(sampled, out, host, ready)
+                launched = _InFlight(sampled, out, host, ready, _shape(work))
         events = self._resolve(prev) if prev else []
         if work:
             self.scheduler.after_step(work)
@@ -132,6 +156,11 @@ class LLMEngine:
         """Wait for a launched step's ids and postprocess the sequences still running."""
         if step.ready is not None:
             step.ready.synchronize()
+        now = time.perf_counter()
+        if self.chunk_budget is not None and self._resolved_at:
+            # steps overlap: the time between two arrivals is one step's device time
+            self.chunk_budget.observe(*step.shape, now - self._resolved_at)
+        self._resolved_at = now
         for seq in step.sampled:
             seq.num_inflight, seq.inflight_row = 0, -1
         return self._postprocess(step.sampled, step.host_out)

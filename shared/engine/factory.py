@@ -33,6 +33,7 @@ class EngineConfig:
     max_seqs: int = 256
     cuda_graphs: bool = True  # decode steps on CUDA replay captured graphs
     overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
+    step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
 
 
 @dataclass
@@ -80,6 +81,12 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         f"{f.path.name}:{f.path.stat().st_size}".encode(),
     )
     engine = LLMEngine(
-        runner, blocks, max_len, cfg.max_batch_tokens, cfg.max_seqs, overlap=cfg.overlap
+        runner,
+        blocks,
+        max_len,
+        cfg.max_batch_tokens,
+        cfg.max_seqs,
+        overlap=cfg.overlap,
+        step_target_ms=cfg.step_target_ms,
     )
     return LoadedEngine(engine, load_tokenizer(f.metadata), f)

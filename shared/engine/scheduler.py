@@ -55,14 +55,20 @@ class Scheduler:
         seq.block_table = []
         seq.block_hashes = []
 
-    def schedule(self, can_preempt: bool = True) -> Work | None:
+    def schedule(self, can_preempt: bool = True, prefill_cap: int | None = None) -> Work | None:
         """The next step's work. With can_preempt False (tokens in flight, whose ids a
-        recompute would need), returns None instead of preempting anyone."""
+        recompute would need), returns None instead of preempting anyone. prefill_cap limits
+        the prompt tokens of a step that also carries decodes."""
         budget = self.max_batch_tokens
         work: Work = []
+        decodes = 0
         for seq in sorted(self.running, key=lambda s: s.num_pending):
             if seq.status is not SeqStatus.RUNNING or budget == 0 or seq.sampling_done:
                 continue
+            if seq.num_pending > 1 and decodes and prefill_cap is not None:
+                budget = min(budget, prefill_cap)  # decodes come first: the rest is prompts
+                prefill_cap = None
+            decodes += seq.num_pending == 1
             n = min(seq.num_pending, budget)
             if n == 0:
                 continue
@@ -78,6 +84,8 @@ class Scheduler:
                 budget -= n
         # a sequence scheduled above may have been preempted for a later one
         work = [(s, n) for s, n in work if s.status is SeqStatus.RUNNING]
+        if decodes and prefill_cap is not None:
+            budget = min(budget, prefill_cap)
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             seq = self.waiting[0]
             if not seq.block_table:

@@ -34,6 +34,7 @@ class ServeConfig:
     kv_blocks: int | None = None
     max_batch_tokens: int | None = None
     overlap: bool = False  # workers prepare step N+1 while the device runs step N
+    step_target_ms: float | None = None  # workers cap prompt chunks beside decodes
     stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
 
     @property
@@ -54,6 +55,7 @@ class ServeConfig:
             kv_blocks=args.kv_blocks,
             max_batch_tokens=args.max_batch_tokens,
             overlap=args.overlap,
+            step_target_ms=args.step_target_ms,
             stop_timeout_s=args.stop_timeout,
         )
 
@@ -77,6 +79,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--overlap",
         action="store_true",
         help="workers schedule and launch step N+1 before step N's tokens reach the host",
+    )
+    p.add_argument(
+        "--step-target-ms",
+        type=float,
+        default=None,
+        help="workers keep steps that carry decodes near this duration (prompt chunk cap)",
     )
     p.add_argument(
         "--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL"
@@ -183,6 +191,7 @@ def plan_processes(
         "--max-model-len": config.max_model_len,
         "--kv-blocks": config.kv_blocks,
         "--max-batch-tokens": config.max_batch_tokens,
+        "--step-target-ms": config.step_target_ms,
     }
     extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
     if config.overlap:

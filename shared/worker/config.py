@@ -24,6 +24,7 @@ class WorkerConfig:
     max_model_len: int = 0  # 0: the model's context, capped
     max_batch_tokens: int = 2048
     overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
+    step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -71,6 +72,13 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         action="store_true",
         help="schedule and launch step N+1 before step N's tokens reach the host",
     )
+    p.add_argument(
+        "--step-target-ms",
+        type=float,
+        default=0.0,
+        help="keep steps that carry decodes near this duration by capping their prompt chunk "
+        "(0: no cap beyond --max-batch-tokens)",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -87,5 +95,6 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         max_model_len=a.max_model_len,
         max_batch_tokens=a.max_batch_tokens,
         overlap=a.overlap,
+        step_target_ms=a.step_target_ms,
         worker_id=a.worker_id,
     )

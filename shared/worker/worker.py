@@ -173,6 +173,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             kv_blocks=cfg.kv_blocks,
             max_batch_tokens=cfg.max_batch_tokens,
             overlap=cfg.overlap,
+            step_target_ms=cfg.step_target_ms,
         )
     )
     engine = loaded.engine

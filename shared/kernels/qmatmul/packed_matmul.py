@@ -87,6 +87,17 @@ def _gemv_kernel(
 
 
 @triton.jit
+def _sum_splits_kernel(part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[n] = sum_s part[s, n] in float32, stored in out's dtype (one launch for split-K)."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(part_ptr + s * N + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _gemv_chunk(
     acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
     stride_q, stride_s, stride_d,
@@ -249,7 +260,8 @@ def packed_matmul(
             num_warps=cfg.get("num_warps", 4),
         )  # fmt: skip
         if splits > 1:
-            out.copy_(target.sum(dim=0, keepdim=True))
+            grid = (triton.cdiv(n, 1024),)
+            _sum_splits_kernel[grid](target, out, n, SPLITS=splits, BLOCK=1024)
         return out
     try:
         _launch_gemm(x, pw, out, cfg, interp)

@@ -41,7 +41,7 @@ def timed(x: torch.Tensor, pw, copies, cfg: dict | None) -> float:
             lambda: packed_matmul(x, pw, config=cfg), warmup=10, rep=30, return_mode="median"
         )
     except Exception as exc:  # noqa: BLE001 - a config the compiler refuses: skip it
-        print(f"    skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
+        print(f"    skipped: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:100]}")
         return float("inf")
 
 

@@ -92,7 +92,7 @@ class QuantLinear(nn.Module):
                 )
                 packed_matmul(x, self.packed)
         except Exception as exc:  # noqa: BLE001 - any compiler or launch failure
-            self.kernel_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            self.kernel_error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
             return False
         return True
 

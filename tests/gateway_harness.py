@@ -42,6 +42,9 @@ NAME = "smollm2"
 MAX_MODEL_LEN = 2048
 KV_USED, KV_FREE, WAITING = 5, 95, 1  # what fake workers report in heartbeats
 REJECTED_MAX_TOKENS = 777  # fake workers reject requests asking for this many tokens
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+MSGS = [{"role": "user", "content": "hi"}]
 
 
 def free_port() -> int:

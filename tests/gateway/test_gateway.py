@@ -4,17 +4,15 @@ The gateway app runs on its own event loop in a background thread; `FakeWorker` 
 DEALER and a PUSH socket speaking shared/protocol.py) announces itself, heartbeats, and answers
 every Generate with the tokens of REPLY, then the EOS stop token (or repeats REPLY until
 max_tokens when the request has no stop ids, i.e. ignore_eos). Happy paths go through the
-official `openai` SDK; error cases through plain HTTP so status and body are checked exactly.
+official `openai` SDK (error cases: test_gateway_errors.py, through plain HTTP).
 Needs only the SmolLM2 GGUF's header (tokenizer and chat template), no weights on a device.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +20,20 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.gateway.served_model import ServedModel
-from shared.tokenizer import ChatTemplate
 
 openai = pytest.importorskip("openai")
 
-REPLY = "Hello world, this is a test"
-NAME = "smollm2"
-MAX_MODEL_LEN = 2048
-KV_USED, KV_FREE, WAITING = 5, 95, 1  # what fake workers report in heartbeats
-REJECTED_MAX_TOKENS = 777  # fake workers reject requests asking for this many tokens
-
-
+from tests.gateway.conftest import chat_prompt_ids  # noqa: E402
 from tests.gateway_harness import (  # noqa: E402
-    FakeWorker,
+    COMP,
+    KV_FREE,
+    KV_USED,
+    MAX_MODEL_LEN,
+    MSGS,
+    NAME,
+    REJECTED_MAX_TOKENS,
+    REPLY,
+    WAITING,
     GatewayServer,
     assert_error,
     http,
@@ -43,63 +42,6 @@ from tests.gateway_harness import (  # noqa: E402
     sse_events,
     wait_until,
 )
-
-# -- fixtures -------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def model(smollm2_path: Path) -> ServedModel:
-    return ServedModel.load(smollm2_path, NAME)
-
-
-@pytest.fixture(scope="module")
-def reply_ids(model: ServedModel) -> list[int]:
-    return model.tokenizer.encode(REPLY, add_special=False)
-
-
-@pytest.fixture
-def make_server(model: ServedModel) -> Iterator[Callable[..., GatewayServer]]:
-    made: list[GatewayServer] = []
-
-    def make(**kw: Any) -> GatewayServer:
-        made.append(GatewayServer(kw.pop("served", model), **kw))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.close()
-
-
-@pytest.fixture
-def make_worker(model: ServedModel, reply_ids: list[int]) -> Iterator[Callable[..., FakeWorker]]:
-    made: list[FakeWorker] = []
-
-    def make(server: GatewayServer, worker_id: str, wait: bool = True) -> FakeWorker:
-        made.append(FakeWorker(server, worker_id, reply_ids, model.tokenizer.eos_id).start())
-        if wait:
-            wait_until(lambda: http(server.url + "/health")[0] == 200, what="ready")
-        return made[-1]
-
-    yield make
-    for w in made:
-        w.stop()
-
-
-@pytest.fixture(scope="module")
-def served(model: ServedModel, reply_ids: list[int]) -> Iterator[tuple[GatewayServer, FakeWorker]]:
-    """One gateway with one worker, shared by the tests that do not kill workers."""
-    server = GatewayServer(model)
-    worker = FakeWorker(server, "w1", reply_ids, model.tokenizer.eos_id).start()
-    wait_until(lambda: http(server.url + "/health")[0] == 200, what="worker w1 ready")
-    yield server, worker
-    worker.stop()
-    server.close()
-
-
-def chat_prompt_ids(model: ServedModel, messages: list[dict]) -> list[int]:
-    text = model.chat_template.render(messages, add_generation_prompt=True)
-    return model.tokenizer.encode(text, add_special=False, special=True)
-
 
 # -- happy paths through the openai SDK -----------------------------------------------------------
 
@@ -234,121 +176,6 @@ def test_models(served) -> None:
     assert status == 200 and body["data"][0]["max_model_len"] == MAX_MODEL_LEN
     assert http(server.url + f"/v1/models/{NAME}")[1]["id"] == NAME
     assert_error(*http(server.url + "/v1/models/gpt-4"), 404)
-
-
-# -- errors ---------------------------------------------------------------------------------------
-
-CHAT = "/v1/chat/completions"
-COMP = "/v1/completions"
-MSGS = [{"role": "user", "content": "hi"}]
-
-ERROR_CASES = [
-    # (path, body, status, param)
-    (COMP, {"prompt": "a", "temperature": "hot"}, 400, "temperature"),
-    (COMP, {"prompt": "a", "max_tokens": "10"}, 400, "max_tokens"),
-    (COMP, {"prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
-    (COMP, {"prompt": "a", "max_tokens": MAX_MODEL_LEN}, 400, "max_tokens"),
-    (COMP, {"prompt": "a", "top_p": 1.5}, 400, "top_p"),
-    (COMP, {"prompt": "a", "top_p": 0}, 400, "top_p"),
-    (COMP, {"prompt": "a", "temperature": -1}, 400, "temperature"),
-    (COMP, {"prompt": "a", "min_p": 2}, 400, "min_p"),
-    (COMP, {"prompt": "a", "top_k": -2}, 400, "top_k"),
-    (COMP, {"prompt": "a", "presence_penalty": 3}, 400, "presence_penalty"),
-    (COMP, {"prompt": "a", "repetition_penalty": 0}, 400, "repetition_penalty"),
-    (COMP, {"prompt": "a", "seed": 1.5}, 400, "seed"),
-    (COMP, {"prompt": "a", "n": 2}, 400, "n"),
-    (COMP, {"prompt": "a", "logprobs": 21}, 400, "logprobs"),
-    (COMP, {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    (COMP, {"prompt": "a", "stop": 5}, 400, "stop"),
-    (COMP, {"prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    (COMP, {"prompt": ["a", "b"]}, 400, "prompt"),
-    (COMP, {"prompt": []}, 400, "prompt"),
-    (COMP, {"prompt": [1, 2, 10**9]}, 400, "prompt"),
-    (COMP, {"prompt": [1] * MAX_MODEL_LEN}, 400, "prompt"),
-    (COMP, {"max_tokens": 4}, 400, "prompt"),
-    (COMP, {"prompt": "a", "model": "gpt-4"}, 404, "model"),
-    (CHAT, {"messages": []}, 400, "messages"),
-    (CHAT, {}, 400, "messages"),
-    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
-    (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, None),
-    (CHAT, {"messages": MSGS, "n": 3}, 400, "n"),
-    (CHAT, {"messages": MSGS, "top_logprobs": 2}, 400, "top_logprobs"),
-    (CHAT, {"messages": MSGS, "max_completion_tokens": -1}, 400, "max_completion_tokens"),
-    (CHAT, {"messages": MSGS, "logprobs": "yes"}, 400, "logprobs"),
-    (CHAT, {"messages": MSGS, "model": "nope"}, 404, "model"),
-]
-
-
-@pytest.mark.parametrize(("path", "body", "status", "param"), ERROR_CASES)
-def test_request_errors(served, path: str, body: dict, status: int, param: str | None) -> None:
-    server, _ = served
-    err = assert_error(*http(server.url + path, body), status, param)
-    if status == 404:
-        assert err["code"] == "model_not_found"
-    else:
-        assert err["type"] == "invalid_request_error"
-
-
-def test_malformed_bodies_and_extras(served) -> None:
-    server, _ = served
-    assert_error(*http(server.url + COMP, raw=b'{"prompt": "a",'), 400)
-    assert_error(*http(server.url + CHAT, raw=b"[1, 2]"), 400)
-    err = assert_error(*http(server.url + COMP, {"prompt": "a", "max_tokens": 4000}), 400)
-    assert err["code"] == "context_length_exceeded" and str(MAX_MODEL_LEN) in err["message"]
-    # Unknown fields are ignored; `model` may be omitted.
-    status, body = http(server.url + COMP, {"prompt": "a", "frobnicate": 1, "user": "u"})
-    assert status == 200 and body["choices"][0]["text"]
-    assert_error(*http(server.url + "/v1/nothing-here"), 404)
-
-
-def test_no_chat_template_and_no_worker(make_server, model: ServedModel) -> None:
-    bare = dataclasses.replace(model, chat_template=ChatTemplate(None, model_name="SmolLM2"))
-    server = make_server(served=bare)
-    err = assert_error(*http(server.url + CHAT, {"messages": MSGS}), 400, "messages")
-    assert "chat template" in err["message"]
-    # Without a worker, completions are well-formed but cannot be served; the context limit
-    # comes from the GGUF metadata until a worker says otherwise.
-    assert_error(*http(server.url + COMP, {"prompt": "a"}), 503)
-    assert_error(*http(server.url + COMP, {"prompt": "a", "max_tokens": 9000}), 400, "max_tokens")
-    assert http(server.url + COMP, {"prompt": "a", "max_tokens": 5000})[0] == 503
-
-
-# -- auth, tokenize, health, metrics --------------------------------------------------------------
-
-
-def test_api_keys(make_server, make_worker) -> None:
-    server = make_server(api_keys=("k1", "k2"))
-    status, body = http(server.url + "/health")
-    assert status == 503 and body == {"status": "no workers ready"}  # no key needed
-    for key in (None, "wrong"):
-        err = assert_error(*http(server.url + "/v1/models", key=key), 401)
-        assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
-    assert_error(*http(server.url + "/metrics"), 401)
-    assert_error(*http(server.url + "/tokenize", {"content": "a"}), 401)
-    assert http(server.url + "/v1/models", key="k2")[0] == 200
-    with pytest.raises(openai.AuthenticationError):
-        server.client("wrong").models.list()
-    make_worker(server, "w1")
-    out = server.client("k1").chat.completions.create(model=NAME, messages=MSGS)
-    assert out.choices[0].message.content == REPLY
-
-
-def test_tokenize_detokenize(served, model: ServedModel) -> None:
-    server, _ = served
-    tok = model.tokenizer
-    text = "<|im_start|>user\nHello, wörld!<|im_end|>"
-    status, body = http(server.url + "/tokenize", {"content": text})
-    assert status == 200
-    assert body["tokens"] == tok.encode(text, add_special=False, special=True)
-    assert body["tokens"][0] == tok.token_to_id("<|im_start|>")
-    _, body = http(server.url + "/tokenize", {"content": "Hi there", "with_pieces": True})
-    assert [p["piece"] for p in body["tokens"]] == ["Hi", " there"]
-    assert [p["id"] for p in body["tokens"]] == tok.encode("Hi there", add_special=False)
-    _, back = http(server.url + "/detokenize", {"tokens": tok.encode(text, special=True)})
-    assert back == {"content": text}
-    assert_error(*http(server.url + "/detokenize", {"tokens": [10**8]}), 400, "tokens")
-    assert_error(*http(server.url + "/tokenize", {"content": 3}), 400, "content")
 
 
 def test_health_follows_workers(make_server, make_worker) -> None:

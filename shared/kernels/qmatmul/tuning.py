@@ -60,7 +60,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         # one chunk per program: every load of a program issued at once, many programs per SM
         chunks = pw.shape[1] // CHUNK[pw.qtype]
         split = triton.cdiv(chunks, 16)
-        for s in sorted({split, 2 * split, triton.cdiv(chunks, 4), triton.cdiv(chunks, 2), chunks}):
+        for s in sorted({split, triton.cdiv(chunks, 4), chunks}):  # <= 16, 4 or 1 chunks each
             out += [{"BLOCK_N": b, "SPLIT_K": s, "num_warps": 2, "UNROLL": 1} for b in (16, 32)]
         return out
     if m <= 16:

@@ -21,7 +21,8 @@ python3 -m pytest -m gpu -q -s -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/py
 rc=${PIPESTATUS[0]}
 # The kernel tests run natively at their CUDA sizes (not only the gpu-marked ones).
 python3 -m pytest -q -rs -p no:cacheprovider -m "" tests/test_kernel_paged_attention.py \
-  tests/test_kernels_fused.py tests/test_triton_model.py tests/test_kernel_packed_matmul.py \
+  tests/test_kernel_paged_attention_args.py tests/test_kernels_fused.py tests/test_triton_model.py \
+  tests/test_kernel_packed_matmul.py \
   tests/test_quant_linear.py tests/test_qmatmul_tuning.py 2>&1 | tee "$OUT/pytest-kernels.log"
 krc=${PIPESTATUS[0]}; [ $rc -eq 0 ] && rc=$krc
 if [ "${SKIFF_BENCH:-1}" = 1 ]; then

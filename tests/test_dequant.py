@@ -19,7 +19,13 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
-from shared.quant import SUPPORTED_TYPES, UnsupportedTensorType, block_geometry, dequantize
+from shared.quant import (
+    FP16_FIELDS,
+    SUPPORTED_TYPES,
+    UnsupportedTensorType,
+    block_geometry,
+    dequantize,
+)
 
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 LEGACY_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
@@ -27,19 +33,6 @@ K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)
 BLOCK_TYPES = LEGACY_TYPES + K_TYPES
 ALL_TYPES = FLOAT_TYPES + BLOCK_TYPES
 
-# Byte offsets of the fp16 fields (d, and m/dmin) inside each block, from ggml's structs.
-FP16_OFFSETS = {
-    T.Q4_0: (0,),
-    T.Q4_1: (0, 2),
-    T.Q5_0: (0,),
-    T.Q5_1: (0, 2),
-    T.Q8_0: (0,),
-    T.Q2_K: (80, 82),
-    T.Q3_K: (108,),
-    T.Q4_K: (0, 2),
-    T.Q5_K: (0, 2),
-    T.Q6_K: (208,),
-}
 
 N_ROWS = 6
 BLOCKS_PER_ROW = 12  # 72 blocks per case
@@ -80,7 +73,7 @@ def random_blocks(qtype: T, rng: np.random.Generator, *, sane_scales: bool) -> n
         n_blocks *= 32  # float "blocks" are single elements
     raw = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
     if sane_scales:
-        for off in FP16_OFFSETS.get(qtype, ()):
+        for off in FP16_FIELDS.get(qtype, ()):
             raw[:, off : off + 2] = sane_fp16(rng, n_blocks).view(np.uint8).reshape(-1, 2)
     return raw.reshape(N_ROWS, -1)
 
@@ -93,7 +86,7 @@ def plant_specials(raw: np.ndarray, qtype: T) -> None:
         specials = np.array([0x7F80, 0xFF80, 0x7FC1], dtype=np.uint16).view(np.uint8)
     elif qtype == T.F32:
         specials = np.array([np.inf, -np.inf, np.nan], dtype=np.float32).view(np.uint8)
-    off = FP16_OFFSETS.get(qtype, (0,))[0]
+    off = FP16_FIELDS.get(qtype, (0,))[0]
     width = specials.size // 3
     for i, k in enumerate((1, 5, 9)):
         blocks[k, off : off + width] = specials[i * width : (i + 1) * width]

@@ -16,16 +16,11 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
-from shared.quant import block_geometry
+from shared.quant import FP16_FIELDS, block_geometry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNELS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 TYPES = sorted(PACKED_TYPES)
-# byte offsets of the fp16 fields set to sane values for the matmul tests
-FP16_FIELDS = {
-    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-}  # fmt: skip
 
 
 def random_raw(qtype: T, n: int, k: int, seed: int, sane: bool = True) -> torch.Tensor:

@@ -22,12 +22,11 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from shared.kernels.qmatmul.kquants import KQUANT_TYPES, quant_gemv_kquant  # noqa: E402
-from shared.quant import dequantize  # noqa: E402
+from shared.quant import FP16_FIELDS, dequantize  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TYPE_SIZE = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}
 # byte offsets of the fp16 fields written explicitly (the rest stays random)
-FP16_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 TYPES = sorted(KQUANT_TYPES)
 

@@ -20,11 +20,9 @@ if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     )
 
 from shared.kernels.qmatmul import LEGACY_TYPES, quant_gemv_legacy
-from shared.quant import dequantize
+from shared.quant import FP16_FIELDS, dequantize
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Byte offsets of the fp16 fields (d, and m) inside each block, from ggml's structs.
-FP16_OFFSETS = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,)}
 # fp32 x: only float32 summation order differs. bf16 x: the output is rounded to bf16 (the
 # interpreter truncates, so up to 1 ulp = 2^-8 relative).
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -36,7 +34,7 @@ def random_raw(qtype: T, n: int, k: int, seed: int) -> torch.Tensor:
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     n_blocks = n * k // block_size
     raw = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
-    for off in FP16_OFFSETS[qtype]:
+    for off in FP16_FIELDS[qtype]:
         scale = 10.0 ** rng.uniform(-4, 0, n_blocks) * rng.choice([-1.0, 1.0], n_blocks)
         raw[:, off : off + 2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return torch.from_numpy(raw.reshape(n, -1)).to(DEVICE)

@@ -20,8 +20,7 @@ import triton.testing
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
-from shared.kernels.qmatmul.packed_matmul import packed_matmul
-from shared.kernels.qmatmul.timing import cold_graph_ms, weight_copies
+from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 from shared.kernels.qmatmul.tuning import candidates
 from shared.quant import block_geometry
 from tools.bench_qgemv import copy_bandwidth, random_weight
@@ -32,14 +31,8 @@ SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1024, 4096)
 
 
 def timed(x: torch.Tensor, pw, copies, cfg: dict | None) -> float:
-    """ms per call: decode sizes replayed from a CUDA graph with the weight cold in L2 (as a
-    decode step runs them), prefill sizes by do_bench."""
     try:
-        if x.shape[0] <= 64:
-            return cold_graph_ms(x, copies, cfg)
-        return triton.testing.do_bench(
-            lambda: packed_matmul(x, pw, config=cfg), warmup=10, rep=30, return_mode="median"
-        )
+        return matmul_ms(x, pw, copies, cfg)
     except Exception as exc:  # noqa: BLE001 - a config the compiler refuses: skip it
         print(f"    skipped: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:100]}")
         return float("inf")

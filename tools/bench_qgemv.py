@@ -19,7 +19,7 @@ import triton.testing
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul import quant_gemv_kquant, quant_gemv_legacy
-from shared.quant import block_geometry
+from shared.quant import FP16_FIELDS, block_geometry
 
 DEVICE = "cuda"
 SHAPES = ((14336, 4096), (4096, 14336))  # (N, K): Llama-3-8B FFN up/gate and down
@@ -49,11 +49,9 @@ def random_weight(qtype: T, n: int, k: int) -> torch.Tensor:
     """Random blocks with small finite fp16 scales (speed does not depend on the values)."""
     block_size, type_size = block_geometry(qtype)
     raw = torch.randint(0, 256, (n * k // block_size, type_size), dtype=torch.uint8, device=DEVICE)
-    scales = (torch.rand(raw.shape[0], 2, device=DEVICE) * 1e-2).half().view(torch.uint8)
-    if qtype == T.Q6_K:
-        raw[:, -2:] = scales[:, :2]  # its d is the block's last two bytes
-    else:
-        raw[:, :4] = scales  # d and m (legacy types) or d and dmin (Q4_K, Q5_K)
+    for off in FP16_FIELDS[qtype]:
+        scales = (torch.rand(raw.shape[0], device=DEVICE) * 1e-2).half().view(torch.uint8)
+        raw[:, off : off + 2] = scales.reshape(-1, 2)
     return raw.reshape(n, -1)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 
+from shared.quant import FP16_FIELDS, block_geometry
 from tools.synthetic_gguf import add_byte_vocab
 
 D, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
@@ -24,7 +25,6 @@ D, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
 Q = GGMLQuantizationType
 # file type id (llama.cpp's LLAMA_FTYPE) and the type of every matrix but the exceptions
 FILE_TYPES = {"f16": (1, Q.F16), "q8_0": (7, Q.Q8_0), "q6_k": (18, Q.Q6_K), "q4_k_m": (15, Q.Q4_K)}
-BLOCKS = {Q.Q8_0: (32, 34, (0,)), Q.Q6_K: (256, 210, (208,)), Q.Q4_K: (256, 144, (0, 2))}
 
 
 def use_more_bits(layer: int, layers: int) -> bool:
@@ -41,9 +41,9 @@ def write(path: Path, layers: int = 32, context: int = 65536, ftype: str = "f16"
             x = rng.standard_normal((out, inp), dtype=np.float32)
             x *= 1.0 / np.sqrt(inp)
             return x.astype(np.float16), qtype
-        block, size, fp16_at = BLOCKS[qtype]
+        block, size = block_geometry(qtype)
         raw = rng.integers(0, 256, (out * inp // block, size), dtype=np.uint8)
-        for off in fp16_at:
+        for off in FP16_FIELDS[qtype]:
             scale = rng.uniform(1e-4, 5e-4, raw.shape[0]).astype(np.float16)
             raw[:, off : off + 2] = scale.view(np.uint8).reshape(-1, 2)
         return raw.reshape(out, -1), qtype

@@ -10,7 +10,7 @@ from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
 from shared.model.causal_lm import CausalLM
 from shared.sampling import SampleOutput, Sampler
-from shared.sampling.sampler import to_device
+from shared.staging import to_device
 
 
 class ModelRunner:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shared.staging import to_device
+
 
 @dataclass(frozen=True)
 class SeqChunk:
@@ -61,12 +63,8 @@ class ForwardBatch:
         tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
 
         def t(x: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-            # staged through pinned memory: a pageable copy would wait for the GPU to drain,
-            # and the next step is built while the current one runs (overlapped steps)
-            host = torch.tensor(x, dtype=dtype)
-            if torch.device(device).type == "cuda":
-                return host.pin_memory().to(device, non_blocking=True)
-            return host.to(device)
+            # the next step is built while the current one runs (overlapped steps)
+            return to_device(torch.tensor(x, dtype=dtype), device)
 
         return ForwardBatch(
             token_ids=t(ids),

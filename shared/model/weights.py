@@ -101,9 +101,8 @@ class WeightLoader:
             (sum(outs), in_features),
             self.compute_dtype,
             bias,
-            False,
-            True,
-            self.tuner,
+            use_kernels=True,
+            tuner=self.tuner,
         )
         return SplitLinear([fused], outs)
 
@@ -135,20 +134,20 @@ def tune_linears(model: torch.nn.Module) -> None:
     whose kernel fails dequantize in torch instead, with a warning) and measure their tiles for
     every distinct layer shape (once per device: cached on disk). Run before CUDA graphs are
     captured."""
-    failed: dict[int, str | None] = {}
+    errors: dict[int, str | None] = {}  # per type: why its kernel does not build, or None
     for module in model.modules():
         if not isinstance(module, QuantLinear) or module.packed is None or not module.tuner:
             continue
-        if module.qtype not in failed:
-            failed[module.qtype] = None if module.kernel_builds() else module.kernel_error
-            if failed[module.qtype]:
+        if module.qtype not in errors:
+            module.kernel_builds()
+            errors[module.qtype] = module.kernel_error
+            if module.kernel_error:
                 warnings.warn(
                     f"packed {module.qtype!r} matmul kernel unavailable on "
-                    f"{module.packed.q.device} ({failed[module.qtype]}); dequantizing instead",
+                    f"{module.packed.q.device} ({module.kernel_error}); dequantizing instead",
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        if failed[module.qtype]:
-            module.kernel_error = failed[module.qtype]
-        else:
+        module.kernel_error = errors[module.qtype]
+        if module.kernel_error is None:
             module.tuner.tune(module.packed, module.compute_dtype)

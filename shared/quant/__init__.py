@@ -4,6 +4,7 @@
 while weights stay in GGUF block format on the device.
 """
 
+from .blocks import FP16_FIELDS
 from .dequant import (
     BLOCK_DEQUANTIZERS,
     SUPPORTED_TYPES,
@@ -13,6 +14,7 @@ from .dequant import (
 )
 
 __all__ = [
+    "FP16_FIELDS",
     "BLOCK_DEQUANTIZERS",
     "SUPPORTED_TYPES",
     "UnsupportedTensorType",

@@ -14,8 +14,10 @@ from __future__ import annotations
 import functools
 
 import torch
+from gguf import GGMLQuantizationType as T
 
 __all__ = [
+    "FP16_FIELDS",
     "aligned_copy",
     "as_blocks",
     "fp16_field",
@@ -23,6 +25,13 @@ __all__ = [
     "shift_table",
     "unpack_bits",
 ]
+
+
+# Byte offsets of the fp16 fields (d, and m / dmin) inside each block, from ggml's structs.
+FP16_FIELDS: dict[T, tuple[int, ...]] = {
+    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+}  # fmt: skip
 
 
 def as_blocks(data: torch.Tensor, type_size: int) -> torch.Tensor:

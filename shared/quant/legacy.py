@@ -14,16 +14,29 @@ exactly inside the kernel, which saves a full conversion pass over the output si
 from __future__ import annotations
 
 import torch
+from gguf import GGMLQuantizationType as T
 
 from .blocks import fp16_field, int8_field, shift_table, unpack_bits
 
 __all__ = [
+    "LAYOUT",
     "dequantize_q4_0",
     "dequantize_q4_1",
     "dequantize_q5_0",
     "dequantize_q5_1",
     "dequantize_q8_0",
+    "fifth_bits",
 ]
+
+# Byte offsets inside a block, from ggml's structs: (m, qh, qs, quant bias); -1 = no such field.
+# d (fp16) is always at byte 0.
+LAYOUT: dict[T, tuple[int, int, int, int]] = {
+    T.Q4_0: (-1, -1, 2, 8),
+    T.Q4_1: (2, -1, 4, 0),
+    T.Q5_0: (-1, 2, 6, 16),
+    T.Q5_1: (2, 4, 8, 0),
+    T.Q8_0: (-1, -1, 2, 0),
+}
 
 
 def _low_high_nibbles(qs: torch.Tensor) -> torch.Tensor:
@@ -32,7 +45,8 @@ def _low_high_nibbles(qs: torch.Tensor) -> torch.Tensor:
     return unpack_bits(qs, 4, 16)
 
 
-def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+def fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """qh bytes [n, 4] -> uint8 [n, 32]: the fifth bit of each element of a Q5_0/Q5_1 block."""
     # gguf reads qh as one little-endian uint32 and takes bit i for element i. Bit i of
     # that word is bit (i % 8) of byte (i // 8), which keeps the work in uint8 (uint32
     # shifts are not available on CUDA).
@@ -59,7 +73,7 @@ def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
 def dequantize_q5_0(blocks: torch.Tensor) -> torch.Tensor:
     """Q5_0: ``d * (q - 16)``; layout ``d:f16 | qh[4] | qs[16]``."""
     d = fp16_field(blocks, 0)
-    high = _fifth_bits(blocks[:, 2:6])
+    high = fifth_bits(blocks[:, 2:6])
     low = _low_high_nibbles(blocks[:, 6:22])
     q = (low | (high << 4)).view(torch.int8) - 16
     return d * q
@@ -69,7 +83,7 @@ def dequantize_q5_1(blocks: torch.Tensor) -> torch.Tensor:
     """Q5_1: ``d * q + m``; layout ``d:f16 | m:f16 | qh[4] | qs[16]``."""
     d = fp16_field(blocks, 0)
     m = fp16_field(blocks, 2)
-    high = _fifth_bits(blocks[:, 4:8])
+    high = fifth_bits(blocks[:, 4:8])
     low = _low_high_nibbles(blocks[:, 8:24])
     return d * (low | (high << 4)) + m
 

@@ -23,6 +23,8 @@ from itertools import chain
 import numpy as np
 import torch
 
+from shared.staging import to_device
+
 from .params import SamplingParams
 
 _U64 = (1 << 64) - 1
@@ -44,14 +46,6 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
     # OpenAI seeds may be negative or wider than 64 bits; manual_seed wants [0, 2**64).
     gen.manual_seed(seed & _U64)
     return gen
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    # A pageable host->GPU copy blocks until the stream drains (i.e. the forward pass);
-    # staging through pinned memory keeps the CPU running ahead of the GPU.
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def _count_ids(

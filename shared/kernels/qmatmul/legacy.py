@@ -35,20 +35,12 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.device import interpreted, num_sms
 from shared.quant import block_geometry
+from shared.quant.legacy import LAYOUT
 
 __all__ = ["LEGACY_TYPES", "quant_gemv_legacy"]
 
 LEGACY_TYPES: tuple[T, ...] = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
 
-# Byte offsets inside a block, from ggml's structs: (m, qh, qs, quant bias); -1 = no such field.
-# d (fp16) is always at byte 0.
-_LAYOUT: dict[T, tuple[int, int, int, int]] = {
-    T.Q4_0: (-1, -1, 2, 8),
-    T.Q4_1: (2, -1, 4, 0),
-    T.Q5_0: (-1, 2, 6, 16),
-    T.Q5_1: (2, 4, 8, 0),
-    T.Q8_0: (-1, -1, 2, 0),
-}
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_FMA_M = 4  # above this the dot path's tensor cores beat per-row FMA
@@ -267,7 +259,7 @@ def quant_gemv_legacy(
         qt = T(int(qtype))
     except ValueError:
         raise ValueError(f"quant_gemv_legacy: unknown GGML type id {int(qtype)}") from None
-    if qt not in _LAYOUT:
+    if qt not in LAYOUT:
         names = ", ".join(t.name for t in LEGACY_TYPES)
         raise ValueError(f"quant_gemv_legacy: {qt.name} is not one of {names}")
     if x.dim() != 2 or x.dtype not in _FLOAT_DTYPES:
@@ -317,7 +309,7 @@ def quant_gemv_legacy(
         out = torch.empty(1, m_rows, n, dtype=out_dtype, device=x.device)
     else:
         out = torch.empty(split_k, m_rows, n, dtype=torch.float32, device=x.device)
-    m_off, qh_off, qs_off, bias = _LAYOUT[qt]
+    m_off, qh_off, qs_off, bias = LAYOUT[qt]
     _qgemv_legacy_kernel[(grid_n, split_k, grid_m)](
         x,
         raw,

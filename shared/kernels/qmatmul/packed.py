@@ -43,25 +43,21 @@ from dataclasses import dataclass
 import torch
 from gguf import GGMLQuantizationType
 
+from shared.quant import block_geometry
 from shared.quant.blocks import as_blocks, fp16_field, int8_field, unpack_bits
 from shared.quant.kquants import unpack_scale_min_k4, unpack_scales_q3_k
+from shared.quant.legacy import LAYOUT, fifth_bits
 
 __all__ = ["PACKED_TYPES", "PackedWeight", "pack", "unpack"]
 
 _T = GGMLQuantizationType
-_BLOCK = {
-    _T.Q4_0: (32, 18), _T.Q4_1: (32, 20), _T.Q5_0: (32, 22), _T.Q5_1: (32, 24),
-    _T.Q8_0: (32, 34), _T.Q2_K: (256, 84), _T.Q3_K: (256, 110), _T.Q4_K: (256, 144),
-    _T.Q5_K: (256, 176), _T.Q6_K: (256, 210),
-}  # fmt: skip
 _TWO_BIT = (_T.Q2_K, _T.Q3_K)
-PACKED_TYPES: frozenset[int] = frozenset(_BLOCK)
+_LEGACY = (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1)  # 4/5-bit blocks of 32 (shared.quant.legacy)
+PACKED_TYPES: frozenset[int] = frozenset({*_LEGACY, _T.Q8_0, *_TWO_BIT, _T.Q4_K, _T.Q5_K, _T.Q6_K})
 # elements per chunk along K: every K must be a multiple of it
-CHUNK = {t: 128 if t in (_T.Q6_K, _T.Q8_0) else 256 for t in _BLOCK}
+CHUNK = {t: 128 if t in (_T.Q6_K, _T.Q8_0) else 256 for t in PACKED_TYPES}
 # int32 words per chunk (the kernels' tile width)
-WORDS = {t: 16 if t in (_T.Q6_K, *_TWO_BIT) else 32 for t in _BLOCK}
-# legacy 4/5-bit blocks: byte offsets of (m, qh, qs); -1 = absent (d is always at byte 0)
-_LEGACY = {_T.Q4_0: (-1, -1, 2), _T.Q4_1: (2, -1, 4), _T.Q5_0: (-1, 2, 6), _T.Q5_1: (2, 4, 8)}
+WORDS = {t: 16 if t in (_T.Q6_K, *_TWO_BIT) else 32 for t in PACKED_TYPES}
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,7 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
     n, k = shape
     if k % CHUNK[qtype]:
         raise ValueError(f"pack: K={k} is not a multiple of {CHUNK[qtype]} for {qtype.name}")
-    block, size = _BLOCK[qtype]
+    block, size = block_geometry(qtype)
     blocks = as_blocks(raw, size)
     if blocks.shape[0] != n * k // block:
         raise ValueError(f"pack: {blocks.shape[0]} blocks do not make a {n}x{k} {qtype.name}")
@@ -114,13 +110,11 @@ def pack(raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> PackedWeight:
         return PackedWeight(qtype, (n, k), q=q, d=d)
     chunks = k // 256
     if qtype in _LEGACY:
-        m_at, qh_at, qs_at = _LEGACY[qtype]
+        m_at, qh_at, qs_at, _ = LAYOUT[qtype]
         codes = unpack_bits(blocks[:, qs_at : qs_at + 16], 4, 16)  # [blocks, 32] in order
         hi = None
-        if qh_at >= 0:  # gguf's qh: a little-endian uint32, bit e = element e's fifth bit
-            qh = blocks[:, qh_at : qh_at + 4].reshape(-1, 4, 1)
-            bits = (qh >> torch.arange(8, device=qh.device, dtype=torch.uint8)) & 1
-            hi = _pack_fields(bits.reshape(n, k), n, 32, 8, 1)
+        if qh_at >= 0:
+            hi = _pack_fields(fifth_bits(blocks[:, qh_at : qh_at + 4]), n, 32, 8, 1)
         return PackedWeight(
             qtype,
             (n, k),
@@ -206,7 +200,7 @@ def unpack(pw: PackedWeight) -> torch.Tensor:
             d = pw.d.float().reshape(n, supers, 8, 1)
             if pw.qtype in (_T.Q4_1, _T.Q5_1):
                 return (d * low + pw.mn.float().reshape(n, supers, 8, 1)).reshape(n, k)
-            bias = 8 if pw.qtype == _T.Q4_0 else 16
+            bias = LAYOUT[pw.qtype][3]
             return (d * (low.view(torch.int8) - bias)).reshape(n, k)
         scale = pw.d.float().reshape(n, supers, 1) * pw.sc.float().reshape(n, supers, 8)
         offset = pw.dmin.float().reshape(n, supers, 1) * pw.mn.float().reshape(n, supers, 8)

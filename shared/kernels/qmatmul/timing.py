@@ -13,11 +13,12 @@ import dataclasses
 import statistics
 
 import torch
+import triton.testing
 
 from shared.kernels.qmatmul.packed import PackedWeight
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
-__all__ = ["cold_graph_ms", "weight_copies"]
+__all__ = ["cold_graph_ms", "matmul_ms", "weight_copies"]
 
 _MAX_COPIES = 64
 
@@ -63,3 +64,16 @@ def cold_graph_ms(
         times.append(start.elapsed_time(end) / len(copies))
     del graph
     return statistics.median(times)
+
+
+def matmul_ms(
+    x: torch.Tensor, pw: PackedWeight, copies: list[PackedWeight], config: dict[str, int] | None
+) -> float:
+    """ms per call as the engine runs it: decode sizes (M <= 64) replayed from a CUDA graph with
+    cold weights (``copies`` from ``weight_copies(pw)``), prefill sizes by ``do_bench`` (it runs
+    eagerly, and its kernels dwarf a launch)."""
+    if x.shape[0] <= 64:
+        return cold_graph_ms(x, copies, config)
+    return triton.testing.do_bench(
+        lambda: packed_matmul(x, pw, config=config), warmup=5, rep=20, return_mode="median"
+    )

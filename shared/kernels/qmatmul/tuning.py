@@ -28,7 +28,7 @@ import triton.testing
 
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
-from shared.kernels.qmatmul.timing import cold_graph_ms, weight_copies
+from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 
 __all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key"]
 
@@ -99,26 +99,32 @@ class Tuner:
                 self.table.update(json.loads(shipped.read_text()))
         with contextlib.suppress(OSError, ValueError):
             self.table.update(json.loads(self.path.read_text()))
+        # config() runs on every matmul call: resolved configs by (type, shape, bucket, dtype)
+        self._resolved: dict[tuple, dict[str, int]] = {}
 
     def _key(self, pw: PackedWeight, m_bucket: int, dtype: torch.dtype) -> str:
         n, k = pw.shape
         return f"{self.prefix}|{int(pw.qtype)}|{n}x{k}|m{m_bucket}|{str(dtype)[6:]}"
 
     def config(self, pw: PackedWeight, m: int, dtype: torch.dtype) -> dict[str, int]:
-        found = self.table.get(self._key(pw, bucket(m), dtype))
-        return found or default_config(m, pw.shape[0], pw.shape[1], self.device)
+        memo = (pw.qtype, pw.shape, bucket(m), dtype)
+        cfg = self._resolved.get(memo)
+        if cfg is None:
+            found = self.table.get(self._key(pw, memo[2], dtype))
+            cfg = found or default_config(m, pw.shape[0], pw.shape[1], self.device)
+            self._resolved[memo] = cfg
+        return cfg
 
     def tune(self, pw: PackedWeight, dtype: torch.dtype) -> None:
         """Time the candidates for every bucket of this weight's shape (activations of `dtype`)
         that has no entry yet."""
         if self.device.type != "cuda" or os.environ.get("SKIFF_QMATMUL_TUNE") == "0":
             return
-        changed = False
-        copies = None  # of the weight, made on first need (decode-sized timing)
-        for m in BUCKETS:
-            key = self._key(pw, m, dtype)
-            if key in self.table:
-                continue
+        todo = [m for m in BUCKETS if self._key(pw, m, dtype) not in self.table]
+        if not todo:
+            return
+        copies = weight_copies(pw)  # cold weights for the decode-sized timings
+        for m in todo:
             x = torch.randn(m, pw.shape[1], device=self.device, dtype=dtype)
             ref = packed_matmul(x, pw, out_dtype=torch.float32)  # the default tiles
             best, best_ms = None, float("inf")
@@ -126,25 +132,15 @@ class Tuner:
                 try:
                     if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref):
                         continue  # never pick a variant that computes something else
-                    if m <= 64:  # decode sizes: as a decode step runs them (graph, cold L2)
-                        copies = copies or weight_copies(pw)
-                        ms = cold_graph_ms(x, copies, cfg)
-                    else:  # prefill runs eagerly; its kernels dwarf a launch
-                        ms = triton.testing.do_bench(
-                            lambda cfg=cfg, x=x: packed_matmul(x, pw, config=cfg),
-                            warmup=5,
-                            rep=20,
-                            return_mode="median",
-                        )
+                    ms = matmul_ms(x, pw, copies, cfg)
                 except Exception:  # noqa: BLE001 - a tile this device cannot build or hold
                     continue
                 if ms < best_ms:
                     best, best_ms = cfg, ms
             if best is not None:
-                self.table[key] = best
-                changed = True
-        if changed:
-            self._save()
+                self.table[self._key(pw, m, dtype)] = best
+        self._resolved.clear()
+        self._save()
 
     def _save(self) -> None:
         try:

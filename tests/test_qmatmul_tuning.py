@@ -105,3 +105,25 @@ def test_weight_copies_exceed_twice_the_cache() -> None:
     assert all(torch.equal(c.q, pw.q) and c.q.data_ptr() != pw.q.data_ptr() for c in copies[1:])
     assert all(torch.equal(c.sc, pw.sc) and c.qtype == pw.qtype for c in copies)
     assert len(weight_copies(pw, l2=1)) == 2 and len(weight_copies(pw, l2=1 << 40)) == 64
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="timing needs CUDA")
+def test_tuner_times_every_bucket_on_cuda(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SKIFF_QMATMUL_TUNE", "1")
+    n, k = 256, 512
+    pw = pack(random_raw(T.Q4_K, n, k, seed=3).cuda(), T.Q4_K, (n, k))
+    tuner = Tuner(torch.device("cuda"), cache_dir=tmp_path)
+    tuner.tune(pw, torch.float16)
+    saved = json.loads((tmp_path / "qmatmul-tuning.json").read_text())
+    assert len([key for key in saved if f"|{n}x{k}|" in key and key.endswith("|float16")]) == 4
+    dense = unpack(pw).float()
+    for m in BUCKETS:
+        cfg = tuner.config(pw, m, torch.float16)
+        assert cfg in candidates(m, pw)
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        got = packed_matmul(x, pw, torch.float32, cfg)
+        assert agrees(got, x.float() @ dense.T, tol=5e-3)
+    # a second tuner reads the table and times nothing
+    again = Tuner(torch.device("cuda"), cache_dir=tmp_path)
+    assert again.config(pw, 1, torch.float16) == tuner.config(pw, 1, torch.float16)

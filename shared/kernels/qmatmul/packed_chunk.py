@@ -6,6 +6,11 @@ word belongs to sub-block ``j`` (one scale), whose activations are the contiguou
 ``x[W*j : W*j + W]`` of the chunk. ``group`` turns field j of the words into float32 weights of
 the same ``[BLOCK_N, W]`` shape and layout, so nothing is reshaped or moved between threads.
 
+A chunk's scales are loaded once per row (``load_meta``), not once per sub-block: the per-chunk
+run of 8 or 16 one-byte scales (or 4 or 8 fp16 ones) is read as one or two 64-bit words, and
+``group`` takes its field out with a shift. So a kernel issues a handful of loads per chunk and
+can request chunk c + 1's scales together with its quants, before chunk c is multiplied.
+
 Quants become floats without the slow integer-to-float conversion: a field masked in place (at
 bit position p) is OR-ed into the mantissa of 2^23, and subtracting 2^23 leaves ``q * 2^p``
 exactly. The scale is divided by the same power of two beforehand, so ``q * scale - offset`` is
@@ -49,36 +54,93 @@ def load_chunk(HI: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: tl.
 
 
 @triton.jit
-def _two_bit(
-    QTYPE: tl.constexpr,
-    J: tl.constexpr,
-    w,
-    wh,
-    h,
-    sc_ptr,
-    d_ptr,
-    dmin_ptr,
-    rows,
-    nmask,
-    c,
-    stride_s,
-    stride_d,
+def _half(s0, s1, J: tl.constexpr):
+    """fp16 number J (0..7) of the pair of int64 words (s0: numbers 0..3) -> float32."""
+    src = s0
+    if J >= 4:
+        src = s1
+    bits = ((src >> (16 * (J % 4))) & 0xFFFF).to(tl.int16)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _byte(s0, s1, J: tl.constexpr):
+    """Byte J (0..15) of the pair of int64 words (s0: bytes 0..7) -> int32 0..255."""
+    src = s0
+    if J >= 8:
+        src = s1
+    return ((src >> (8 * (J % 8))) & 0xFF).to(tl.int32)
+
+
+@triton.jit
+def _signed(b):
+    return (b ^ 0x80) - 0x80
+
+
+@triton.jit
+def _words(ptr, rows, nmask, stride, c, PER: tl.constexpr, BYTES: tl.constexpr):
+    """The PER 64-bit words of chunk c in a plane of BYTES-byte entries with `stride` entries a
+    row (the chunk's entries are contiguous and 8-byte aligned: K is a multiple of the chunk)."""
+    base = ptr.to(tl.pointer_type(tl.int64)) + rows * (stride // (8 // BYTES)) + c * PER
+    w0 = tl.load(base, mask=nmask, other=0)
+    w1 = w0
+    if PER == 2:
+        w1 = tl.load(base + 1, mask=nmask, other=0)
+    return w0, w1
+
+
+@triton.jit
+def load_meta(
+    QTYPE: tl.constexpr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
 ):
+    """Chunk c's scales of the rows: (s0, s1, m0, m1, d, dmin), [BLOCK_N] each. s0/s1 hold the
+    per-sub-block scales (bytes, or fp16 for the legacy types and Q8_0), m0/m1 the mins, d/dmin
+    the per-256 fp16 factors as float32; entries a type lacks repeat another (never read)."""
+    if QTYPE == Q8_0:  # 4 fp16 d a chunk of 128
+        s0, s1 = _words(d_ptr, rows, nmask, stride_s, c, 1, 2)
+        m0, m1 = s0, s1
+        d = s0.to(tl.float32)
+        dmin = d
+    elif QTYPE == Q6_K:  # 8 int8 scales a chunk of 128, d per 256
+        s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 1, 1)
+        m0, m1 = s0, s1
+        d = tl.load(d_ptr + rows * stride_d + c // 2, mask=nmask, other=0).to(tl.float32)
+        dmin = d
+    elif QTYPE < Q2_K:  # legacy: 8 fp16 d (and m) a chunk of 256
+        s0, s1 = _words(d_ptr, rows, nmask, stride_s, c, 2, 2)
+        m0, m1 = s0, s1
+        if QTYPE % 2 == 1:
+            m0, m1 = _words(mn_ptr, rows, nmask, stride_s, c, 2, 2)
+        d = s0.to(tl.float32)
+        dmin = d
+    else:  # K-quants with chunks of 256: 16 (Q2_K, Q3_K) or 8 (+ 8 mins) scale bytes
+        if QTYPE >= Q4_K:
+            s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 1, 1)
+            m0, m1 = _words(mn_ptr, rows, nmask, stride_s, c, 1, 1)
+        else:
+            s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 2, 1)
+            m0, m1 = s0, s1
+        d = tl.load(d_ptr + rows * stride_d + c, mask=nmask, other=0).to(tl.float32)
+        dmin = d
+        if QTYPE != Q3_K:
+            dmin = tl.load(dmin_ptr + rows * stride_d + c, mask=nmask, other=0).to(tl.float32)
+    return s0, s1, m0, m1, d, dmin
+
+
+@triton.jit
+def _two_bit(QTYPE: tl.constexpr, J: tl.constexpr, w, wh, h, s0, s1, d, dmin):
     """Q2_K / Q3_K: 2-bit field J (8 in w, 8 in w >> 16), one scale per 16 elements."""
     P: tl.constexpr = 2 * (J % 8)
     src = w
     if J >= 8:
         src = wh
-    d = tl.load(d_ptr + rows * stride_d + c, mask=nmask, other=0).to(tl.float32)
-    s_off = rows * stride_s + c * 16 + J
     q = _as_float(src & (0x3 << P))  # q * 2^P
+    sc = _byte(s0, s1, J)
     if QTYPE == Q2_K:  # (d * (sc & 15)) * q - dmin * (sc >> 4)
-        dmin = tl.load(dmin_ptr + rows * stride_d + c, mask=nmask, other=0).to(tl.float32)
-        sc = tl.load(sc_ptr + s_off, mask=nmask, other=0).to(tl.int32)
         scale = d * (sc & 0xF).to(tl.float32)
         val = q * (scale * (1.0 / (1 << P)))[:, None] - (dmin * (sc >> 4).to(tl.float32))[:, None]
     else:  # Q3_K: (d * (sc - 32)) * (q + 4 * hbit - 4), every partial result exact
-        scale = d * tl.load(sc_ptr + s_off, mask=nmask, other=0).to(tl.float32)
+        scale = d * _signed(sc).to(tl.float32)
         hb = _as_float(h & (1 << J))  # hmask bit * 2^J
         val = q * (scale * (1.0 / (1 << P)))[:, None] + (
             hb * (scale * (4.0 / (1 << J)))[:, None] - (4.0 * scale)[:, None]
@@ -92,10 +154,7 @@ def group(
     HI: tl.constexpr,  # the type has a high-bit plane (Q5_0, Q5_1, Q5_K, Q6_K)
     J: tl.constexpr,  # sub-block (field) index within the chunk
     w, wh, h,  # from load_chunk
-    sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    rows, nmask, c,
-    stride_s,  # entries per row of sc / mn (the legacy types' d and m: one per 32 elements)
-    stride_d,  # entries per row of d / dmin (K-quants: one per 256 elements)
+    s0, s1, m0, m1, d, dmin,  # from load_meta
 ):  # fmt: skip
     """Field J of the chunk's words -> float32 weights [BLOCK_N, W]."""
     if QTYPE == Q8_0:
@@ -104,25 +163,19 @@ def group(
         src = w
         if J >= 2:
             src = wh
-        d = tl.load(d_ptr + rows * stride_s + c * 4 + J, mask=nmask, other=0).to(tl.float32)
+        dj = _half(s0, s0, J)
         u = _as_float((src & (0xFF << P)) ^ (0x80 << P))  # (q + 128) * 2^P
-        val = u * (d * (1.0 / (1 << P)))[:, None] - (128.0 * d)[:, None]
+        val = u * (dj * (1.0 / (1 << P)))[:, None] - (128.0 * dj)[:, None]
     elif QTYPE == Q2_K:  # noqa: SIM114 - Triton's constexpr `if` takes no `or` chains
-        val = _two_bit(
-            QTYPE, J, w, wh, h, sc_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
-        )
+        val = _two_bit(QTYPE, J, w, wh, h, s0, s1, d, dmin)
     elif QTYPE == Q3_K:
-        val = _two_bit(
-            QTYPE, J, w, wh, h, sc_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
-        )
+        val = _two_bit(QTYPE, J, w, wh, h, s0, s1, d, dmin)
     elif QTYPE == Q6_K:  # (lo + 16 * hi - 32) * d * sc, lo a nibble of w, hi a bit pair of h
         P: tl.constexpr = 4 * (J % 4)
         src = w
         if J >= 4:
             src = wh
-        d = tl.load(d_ptr + rows * stride_d + c // 2, mask=nmask, other=0).to(tl.float32)
-        sc = tl.load(sc_ptr + rows * stride_s + c * 8 + J, mask=nmask, other=0).to(tl.float32)
-        scale = d * sc  # exact
+        scale = d * _signed(_byte(s0, s0, J)).to(tl.float32)  # exact
         lo = _as_float(src & (0xF << P))  # lo * 2^P
         hi = _as_float(h & (0x3 << (2 * J)))  # hi * 4^J
         s_lo = scale * (1.0 / (1 << P))
@@ -134,19 +187,13 @@ def group(
         src = w
         if J >= 4:
             src = wh
-        g_off = rows * stride_s + c * 8 + J  # this sub-block's entry in the per-32 planes
         if QTYPE >= Q4_K:  # Q4_K, Q5_K: (d * sc) * q - dmin * mn
-            d_off = rows * stride_d + c
-            d = tl.load(d_ptr + d_off, mask=nmask, other=0).to(tl.float32)
-            dmin = tl.load(dmin_ptr + d_off, mask=nmask, other=0).to(tl.float32)
-            sc = tl.load(sc_ptr + g_off, mask=nmask, other=0).to(tl.float32)
-            mn = tl.load(mn_ptr + g_off, mask=nmask, other=0).to(tl.float32)
-            scale = d * sc  # exact
-            shift = dmin * mn  # exact
+            scale = d * _byte(s0, s0, J).to(tl.float32)  # exact
+            shift = dmin * _byte(m0, m0, J).to(tl.float32)  # exact
         else:  # Q4_0, Q5_0: d * (q - bias); Q4_1, Q5_1: d * q + m
-            scale = tl.load(d_ptr + g_off, mask=nmask, other=0).to(tl.float32)
+            scale = _half(s0, s1, J)
             if QTYPE % 2 == 1:
-                shift = -tl.load(mn_ptr + g_off, mask=nmask, other=0).to(tl.float32)
+                shift = -_half(m0, m1, J)
             elif QTYPE == Q4_0:
                 shift = 8.0 * scale
             else:

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from shared.kernels.device import interpreted, num_sms
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
-from shared.kernels.qmatmul.packed_chunk import group, load_chunk
+from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
 
 __all__ = ["packed_matmul"]
 
@@ -55,32 +55,37 @@ def _gemv_kernel(
         for cc in tl.static_range(UNROLL):
             c = c0 + cc
             live = nmask & (c < n_chunks)
-            w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, live, c, stride_q, W)
-            acc = _gemv_groups(
-                acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live,
-                c < n_chunks, stride_s, stride_d, QTYPE, HI, W, G,
+            acc = _gemv_chunk(
+                acc, c, live, c < n_chunks, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
+                dmin_ptr, rows, stride_q, stride_s, stride_d, QTYPE, HI, W, G,
             )  # fmt: skip
     elif INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         c = c0
         while c < c1:
             acc = _gemv_chunk(
-                acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-                stride_q, stride_s, stride_d, QTYPE, HI, W, G,
+                acc, c, nmask, c >= 0, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+                rows, stride_q, stride_s, stride_d, QTYPE, HI, W, G,
             )  # fmt: skip
             c += 1
     else:
-        # Prefetch: chunk c + 1's words are requested before chunk c is multiplied, so each
-        # program keeps two chunks of loads in flight instead of waiting out every one.
-        w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask & (c0 < c1), c0, stride_q, W)
+        # Prefetch: chunk c + 1's words and scales are requested before chunk c is multiplied,
+        # so each program keeps two chunks of loads in flight instead of waiting out every one.
+        live = nmask & (c0 < c1)
+        w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, live, c0, stride_q, W)
+        s0, s1, m0, m1, d, dmin = load_meta(
+            QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c0, stride_s, stride_d
+        )
         for c in range(c0, c1):
-            w2, wh2, h2 = load_chunk(
-                HI, q_ptr, hi_ptr, rows, nmask & (c + 1 < c1), c + 1, stride_q, W
+            live = nmask & (c + 1 < c1)
+            w2, wh2, h2 = load_chunk(HI, q_ptr, hi_ptr, rows, live, c + 1, stride_q, W)
+            t0, t1, n0, n1, e, emin = load_meta(
+                QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c + 1, stride_s, stride_d
             )
             acc = _gemv_groups(
-                acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-                c < c1, stride_s, stride_d, QTYPE, HI, W, G,
-            )  # fmt: skip
+                acc, c, c < c1, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, QTYPE, HI, W, G
+            )
             w, wh, h = w2, wh2, h2
+            s0, s1, m0, m1, d, dmin = t0, t1, n0, n1, e, emin
     y = tl.sum(acc, axis=1)
     out = out_ptr + tl.program_id(1) * stride_os + rows
     tl.store(out, y.to(out_ptr.dtype.element_ty), mask=nmask)
@@ -99,32 +104,29 @@ def _sum_splits_kernel(part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.con
 
 @triton.jit
 def _gemv_chunk(
-    acc, c, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    acc, c, live, valid, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
     stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
-    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
-    return _gemv_groups(
-        acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-        c >= 0, stride_s, stride_d, QTYPE, HI, W, G,
-    )  # fmt: skip
+    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, live, c, stride_q, W)
+    s0, s1, m0, m1, d, dmin = load_meta(
+        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c, stride_s, stride_d
+    )
+    return _gemv_groups(acc, c, valid, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, QTYPE, HI, W, G)
 
 
 @triton.jit
 def _gemv_groups(
-    acc, c, w, wh, h, x_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    acc, c,
     valid,  # whether chunk c exists (its activations may be read)
-    stride_s, stride_d, QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr,
+    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, W)
     for j in tl.static_range(G):
-        val = group(
-            QTYPE, HI, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
-            stride_s, stride_d,
-        )  # fmt: skip
+        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin)
         xj = tl.load(x_ptr + c * (W * G) + j * W + i, mask=valid & (i < W), other=0.0)
-        xj = xj.to(tl.float32)
-        acc += val * xj[None, :]
+        acc += val * xj.to(tl.float32)[None, :]
     return acc
 
 
@@ -136,11 +138,11 @@ def _gemm_chunk(
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    s0, s1, m0, m1, d, dmin = load_meta(
+        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+    )
     for j in tl.static_range(G):
-        val = group(
-            QTYPE, HI, j, w, wh, h, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
-            stride_s, stride_d,
-        )  # fmt: skip
+        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin)
         xj = tl.load(x_rows + c * (W * G) + j * W, mask=mmask[:, None], other=0.0)
         acc = _dot_acc(acc, xj, val, INTERPRETED)
     return acc

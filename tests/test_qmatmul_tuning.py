@@ -110,7 +110,11 @@ def test_weight_copies_exceed_twice_the_cache() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="timing needs CUDA")
 def test_tuner_times_every_bucket_on_cuda(tmp_path: Path, monkeypatch) -> None:
+    import shared.kernels.qmatmul.tuning as tuning
+
     monkeypatch.setenv("SKIFF_QMATMUL_TUNE", "1")
+    full = tuning.candidates  # three per bucket: each is a compile
+    monkeypatch.setattr(tuning, "candidates", lambda m, pw: full(m, pw)[:3])
     n, k = 256, 512
     pw = pack(random_raw(T.Q4_K, n, k, seed=3).cuda(), T.Q4_K, (n, k))
     tuner = Tuner(torch.device("cuda"), cache_dir=tmp_path)
@@ -120,7 +124,7 @@ def test_tuner_times_every_bucket_on_cuda(tmp_path: Path, monkeypatch) -> None:
     dense = unpack(pw).float()
     for m in BUCKETS:
         cfg = tuner.config(pw, m, torch.float16)
-        assert cfg in candidates(m, pw)
+        assert cfg in candidates(m, pw)[:3]
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         got = packed_matmul(x, pw, torch.float32, cfg)
         assert agrees(got, x.float() @ dense.T, tol=5e-3)

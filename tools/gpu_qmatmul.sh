@@ -11,24 +11,27 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-cache
 export SKIFF_MODELS_DIR=$PWD/.device/models
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: profile (ncu, tools/gpu_profile.sh)
+TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
   $BUILD > /tmp/llama-build.log 2>&1 < /dev/null &
 { date -u; echo "commit ${SKIFF_COMMIT:-unknown}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-models() { for t in q4_k_m q6_k q8_0; do
+models() { for t in $TYPES; do
   [ -f /tmp/l3-$t.gguf ] || python3 -m tools.llama3_shape /tmp/l3-$t.gguf --type $t; done; }
 case " $STAGES " in *" tests "*)
-  timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -m "" tests/test_kernel_packed_matmul.py \
-    2>&1 | tail -15 | tee "$OUT/pytest-packed.log"
-  timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -m gpu tests/test_gpu_model.py \
-    2>&1 | tail -15 | tee "$OUT/pytest-gpu-model.log" ;;
+  timeout ${TESTS_S:-240} python3 -m pytest -q -rs -p no:cacheprovider -m "" --durations=8 \
+    tests/test_kernel_packed_matmul.py tests/test_quant_linear.py tests/test_qmatmul_tuning.py \
+    tests/test_sampling.py tests/test_dequant.py 2>&1 | tail -30 | tee "$OUT/pytest-kernels.log" ;;
+esac
+case " $STAGES " in *" profile "*)
+  timeout 100 bash tools/gpu_profile.sh ;;
 esac
 case " $STAGES " in *" w1 "*)
-  models 2>&1 | tee "$OUT/models.txt"
-  timeout ${W1_S:-420} python3 -m tools.bench_w1 /tmp/l3-q4_k_m.gguf /tmp/l3-q6_k.gguf /tmp/l3-q8_0.gguf \
+  models 2>&1
+  timeout ${W1_S:-420} python3 -m tools.bench_w1 $(for t in $TYPES; do echo /tmp/l3-$t.gguf; done) \
     2>&1 | tee "$OUT/w1-skiff.jsonl" ;;
 esac
 cp /tmp/skiff-cache/qmatmul-tuning.json "$OUT/" 2>/dev/null  # measured tiles: ship them (tuned/)
@@ -36,14 +39,14 @@ case " $STAGES " in *" sweep "*)
   timeout ${SWEEP_S:-150} python3 -m tools.bench_packed --quick ${SWEEP_ARGS:-} 2>&1 \
     | tee "$OUT/sweep.txt" ;;
 esac
-case " $STAGES " in *" llama "*)
+case " $STAGES " in *" llama "*)  # (at most 8 files come back from $OUT)
   models > /dev/null 2>&1
   for _ in $(seq 1 300); do [ -x $BUILD/bin/llama-bench ] && break; sleep 1; done
-  tail -3 /tmp/llama-build.log > "$OUT/llama-build.txt"
-  for t in q4_k_m q6_k q8_0; do
+  tail -3 /tmp/llama-build.log >> "$OUT/llama-bench.err"
+  for t in $TYPES; do
     timeout 90 $BUILD/bin/llama-bench -m /tmp/l3-$t.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl \
       2>>"$OUT/llama-bench.err" | tee -a "$OUT/w1-llama.jsonl"
   done ;;
 esac
-python3 -m tools.w1_table "$OUT/w1-skiff.jsonl" "$OUT/w1-llama.jsonl" 2>/dev/null | tee "$OUT/w1-table.md"
+python3 -m tools.w1_table "$OUT/w1-skiff.jsonl" "$OUT/w1-llama.jsonl" 2>/dev/null  # the reply shows it
 exit 0

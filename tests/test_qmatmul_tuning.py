@@ -32,7 +32,8 @@ def test_candidates_are_complete_configs(qtype: T) -> None:
         cands = candidates(m, pw)
         assert cands, m
         keys = {"BLOCK_N", "SPLIT_K", "num_warps"} if m == 1 else {"BLOCK_M", "BLOCK_N"}
-        assert all(keys <= set(c) for c in cands)
+        assert all(keys <= set(c) or c.get("DEQUANT") for c in cands)
+    assert {"DEQUANT": 1} in candidates(512, pw)  # prefill: the dense path competes
     unrolled = [c for c in candidates(1, pw) if c.get("UNROLL")]
     assert unrolled and all(-(-chunks // c["SPLIT_K"]) <= 16 for c in unrolled)
 

@@ -12,7 +12,8 @@ MODEL=/tmp/l3-8b-f16.gguf
 BUILD=/tmp/llama-build
 BATCH_TOKENS=${BATCH_TOKENS:-512}
 MODEL=${MODEL_PATH:-$MODEL}  # e.g. a Q4_K_M file from tools/llama3_shape.py --type q4_k_m
-# SERVE_ARGS=--overlap: overlapped engine steps
+# SERVE_ARGS=--overlap: overlapped engine steps; SERVE_ARGS_B: a second configuration (A/B);
+# LLAMA_BENCH=1: llama-bench (W1) on the same file at the end
 
 wait_health() {  # url timeout_s
   for _ in $(seq 1 "$2"); do
@@ -49,13 +50,26 @@ if [ "${1:-}" = prepare ]; then
 fi
 
 # run
-for _ in $(seq 1 400); do [ -x $BUILD/bin/llama-server ] && break; sleep 1; done
-[ -x $BUILD/bin/llama-server ] || { tail -30 /tmp/llama-build.log; exit 1; }
+[ -f $MODEL ] || python3 -m tools.llama3_shape $MODEL --type ${MODEL_TYPE:-f16}
+if [ ! -x $BUILD/bin/llama-server ]; then
+  setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
+    > /tmp/llama-build.log 2>&1 < /dev/null &
+fi
 R="$OUT/results.jsonl"; : > "$R"
 skiff_up 8080 34000 || { tail -50 "$OUT/skiff-8080.log"; exit 1; }
 python3 -m tools.bench_serving http://127.0.0.1:8080 w2 --label skiff 2>&1 | tee -a "$R"
 python3 -m tools.bench_serving http://127.0.0.1:8080 w3 --label skiff 2>&1 | tee -a "$R"
 skiff_down
+if [ -n "${SERVE_ARGS_B:-}" ]; then  # a second Skiff configuration (A/B): W2 at C=64 and W3
+  SERVE_ARGS=$SERVE_ARGS_B skiff_up 8081 34000 || tail -50 "$OUT/skiff-8081.log"
+  python3 -m tools.bench_serving http://127.0.0.1:8081 w2 --concurrency 64 \
+    --label "skiff $SERVE_ARGS_B" 2>&1 | tee -a "$R"
+  python3 -m tools.bench_serving http://127.0.0.1:8081 w3 --label "skiff $SERVE_ARGS_B" 2>&1 \
+    | tee -a "$R"
+  skiff_down
+fi
+for _ in $(seq 1 400); do [ -x $BUILD/bin/llama-server ] && break; sleep 1; done
+[ -x $BUILD/bin/llama-server ] || { tail -30 /tmp/llama-build.log; exit 1; }
 setsid $BUILD/bin/llama-server -m $MODEL -ngl 99 -fa on -np 256 -c 262144 --port 8090 \
   > "$OUT/llama-w2.log" 2>&1 &
 wait_health http://127.0.0.1:8090 300 && \
@@ -65,4 +79,8 @@ setsid $BUILD/bin/llama-server -m $MODEL -ngl 99 -fa on -np 8 -c 272000 --port 8
   > "$OUT/llama-w3.log" 2>&1 &
 wait_health http://127.0.0.1:8091 300 && \
   python3 -m tools.bench_serving http://127.0.0.1:8091 w3 --label llama.cpp 2>&1 | tee -a "$R"
-pkill -f llama-server
+pkill -f llama-server; sleep 2
+if [ -n "${LLAMA_BENCH:-}" ]; then  # W1 beside the serving runs: llama-bench on the same file
+  timeout 90 $BUILD/bin/llama-bench -m $MODEL -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl \
+    2>/dev/null | tee -a "$R"
+fi

@@ -25,6 +25,7 @@ import triton.language as tl
 from shared.kernels.device import interpreted, num_sms
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
+from shared.kernels.qmatmul.packed_dequant import dequantize_packed
 
 __all__ = ["packed_matmul"]
 
@@ -232,7 +233,8 @@ def packed_matmul(
 
     config overrides the tiling: ``BLOCK_N``, ``SPLIT_K``, ``num_warps`` and ``UNROLL`` (1: each
     program's chunk loop unrolled at compile time) for M = 1; ``BLOCK_M``, ``BLOCK_N``,
-    ``num_warps``, ``num_stages`` above.
+    ``num_warps``, ``num_stages`` above, or ``DEQUANT`` (1: a dense copy of the weight in x's
+    dtype, then torch's matmul).
     """
     n, k = pw.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:
@@ -265,6 +267,9 @@ def packed_matmul(
             grid = (triton.cdiv(n, 1024),)
             _sum_splits_kernel[grid](target, out, n, SPLITS=splits, BLOCK=1024)
         return out
+    if cfg.get("DEQUANT"):  # prefill sizes: one pass to a dense copy, then the dense matmul
+        w = dequantize_packed(pw, x.dtype)
+        return torch.matmul(x, w.T, out=out) if out_dtype == x.dtype else (x @ w.T).to(out_dtype)
     try:
         _launch_gemm(x, pw, out, cfg, interp)
     except triton.runtime.errors.OutOfResources:
@@ -303,5 +308,7 @@ def default_config(
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:
         return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    if device.type == "cuda":
+        return {"DEQUANT": 1}  # a dense copy and cuBLAS: prefill runs at the dense rate
     # 3 stages of 128 x 128 tiles exceed the H200's 227 KiB of shared memory for some types
     return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}

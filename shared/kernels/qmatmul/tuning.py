@@ -71,7 +71,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
             {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3}
             for b, w in ((32, 4), (64, 4), (64, 8))
         ]
-    return [
+    return [{"DEQUANT": 1}] + [
         {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
         for bm, bn, w, s in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3))
     ]

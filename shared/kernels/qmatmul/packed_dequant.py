@@ -1,0 +1,74 @@
+"""Packed quantized weight -> dense ``[N, K]`` in the activation dtype, on the GPU in one launch.
+
+For prefill-sized batches a dense matmul (cuBLAS on the tensor cores) over a dequantized copy
+beats dequantizing inside the GEMM's main loop: the copy costs one pass over the weight, the
+matmul then runs at the dense rate. ``packed_matmul`` takes this path when its tile config says
+``DEQUANT`` (the tuner times it against the fused GEMM for the prefill bucket).
+
+Each value is the reference dequantization (``unpack``) rounded to the output dtype, as the fused
+GEMM and the dense reference round it (a zero may come out +0.0 where the reference has -0.0).
+Reference: ``unpack(pw).to(dtype)`` (tests/test_kernel_packed_dequant.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shared.kernels.device import interpreted
+from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
+from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
+
+__all__ = ["dequantize_packed"]
+
+
+@triton.jit
+def _dequant_kernel(
+    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    out_ptr,  # [N, K]
+    N, stride_q, stride_s, stride_d, stride_o,
+    QTYPE: tl.constexpr,
+    HI: tl.constexpr,
+    W: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rows < N
+    c = tl.program_id(1)
+    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    s0, s1, m0, m1, d, dmin = load_meta(
+        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+    )
+    i = tl.arange(0, W)
+    out = out_ptr + rows[:, None] * stride_o + c * (W * G) + i[None, :]
+    for j in tl.static_range(G):
+        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin)
+        if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
+            # its float32 -> bfloat16 cast truncates: round to nearest even by hand first
+            bits = val.to(tl.uint32, bitcast=True)
+            val = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+        tl.store(out + j * W, val.to(out_ptr.dtype.element_ty), mask=nmask[:, None])
+
+
+def dequantize_packed(
+    pw: PackedWeight, dtype: torch.dtype, out: torch.Tensor | None = None, block_n: int = 32
+) -> torch.Tensor:
+    """``unpack(pw)`` rounded to dtype, ``[N, K]`` (into `out` when given)."""
+    n, k = pw.shape
+    if out is None:
+        out = torch.empty((n, k), dtype=dtype, device=pw.q.device)
+    elif out.shape != (n, k) or out.dtype != dtype or out.stride(1) != 1:
+        raise ValueError(f"dequantize_packed: out must be [{n}, {k}] {dtype} with unit last stride")
+    planes = tuple(t if t is not None else pw.q for t in (pw.q, pw.hi, pw.sc, pw.mn, pw.d, pw.dmin))
+    sc = pw.sc if pw.sc is not None else pw.d
+    words = WORDS[pw.qtype]
+    grid = (triton.cdiv(n, block_n), k // CHUNK[pw.qtype])
+    _dequant_kernel[grid](
+        *planes, out, n, pw.q.stride(0), sc.stride(0), pw.d.stride(0), out.stride(0),
+        QTYPE=int(pw.qtype), HI=pw.hi is not None, W=words, G=CHUNK[pw.qtype] // words,
+        BLOCK_N=block_n, INTERPRETED=interpreted(_dequant_kernel), num_warps=4,
+    )  # fmt: skip
+    return out

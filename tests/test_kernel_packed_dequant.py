@@ -1,0 +1,50 @@
+"""Dequantizing a packed weight on the device equals ``unpack`` rounded to the dtype (up to the
+sign of zero), and ``packed_matmul``'s DEQUANT path (a dense matmul over that copy) computes the
+product."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
+from shared.kernels.qmatmul.packed_dequant import dequantize_packed
+from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from tests.test_kernel_packed_matmul import random_raw
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("qtype", sorted(PACKED_TYPES), ids=lambda t: t.name)
+def test_dequantize_packed_is_unpack_rounded(qtype: T, dtype: torch.dtype) -> None:
+    n, k = 40, 512  # a ragged row tile
+    pw = pack(random_raw(qtype, n, k, seed=int(qtype)).to(DEVICE), qtype, (n, k))
+    got = dequantize_packed(pw, dtype, block_n=32)
+    # equal values (q * d - offset can give +0.0 where the reference has -0.0)
+    assert got.dtype == dtype and torch.equal(got.float(), unpack(pw).to(dtype).float())
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_1], ids=lambda t: t.name)
+def test_dequant_path_computes_the_product(qtype: T) -> None:
+    n, k, m = 48, 512, 70
+    pw = pack(random_raw(qtype, n, k, seed=5).to(DEVICE), qtype, (n, k))
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.float32)
+    want = x.double() @ unpack(pw).double().T
+    got = packed_matmul(x, pw, config={"DEQUANT": 1})
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    fused = packed_matmul(x, pw)
+    torch.testing.assert_close(got, fused, rtol=1e-4, atol=1e-4)
+
+
+def test_dequantize_packed_rejects_a_wrong_out() -> None:
+    pw = pack(random_raw(T.Q8_0, 8, 256, seed=1).to(DEVICE), T.Q8_0, (8, 256))
+    with pytest.raises(ValueError, match="out must be"):
+        dequantize_packed(pw, torch.float16, out=torch.empty(8, 128, device=DEVICE))

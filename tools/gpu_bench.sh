@@ -51,7 +51,7 @@ fi
 
 # run
 [ -f $MODEL ] || python3 -m tools.llama3_shape $MODEL --type ${MODEL_TYPE:-f16}
-if [ ! -x $BUILD/bin/llama-server ]; then
+if [ ! -x $BUILD/bin/llama-server ] && [ ! -f /tmp/llama-build.log ]; then  # none running
   setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
     > /tmp/llama-build.log 2>&1 < /dev/null &
 fi

@@ -9,8 +9,6 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_MODELS_DIR=$PWD/.device/models
 export SKIFF_CACHE_DIR=/tmp/skiff-cache
-# model tests run the default tiles (the tuner has its own test; an 8B tune takes minutes)
-export SKIFF_QMATMUL_TUNE=${SKIFF_QMATMUL_TUNE:-0}
 M=.device/models
 [ -f $M/SmolLM2-135M-Instruct.Q4_1.gguf ] && export SKIFF_SMOLLM2=$PWD/$M/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f $M/gemma3-270m-q4_k_m.gguf ] && export SKIFF_GEMMA3=$PWD/$M/gemma3-270m-q4_k_m.gguf

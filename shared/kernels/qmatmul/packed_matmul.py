@@ -293,17 +293,18 @@ def _launch_gemm(x, pw, out, cfg, interp) -> None:
 
 
 def default_config(
-    m: int, n: int, k: int, device: torch.device, block_n: int = 32
+    m: int, n: int, k: int, device: torch.device, block_n: int = 16
 ) -> dict[str, int]:
     """Fixed tiles by M, used when no tuned entry exists for the device. For M = 1 the chunk loop
-    is split when the row tiles would leave SMs idle (partials summed afterwards)."""
+    is split until there are about four programs per SM (the H200's measured winners: 16-row
+    tiles, 4 warps, 512 programs for 4096 x 4096 and 1024 x 4096), partials summed afterwards."""
     if m == 1:
         tiles = triton.cdiv(n, block_n)
-        target = 2 * num_sms(device)
+        target = 4 * num_sms(device)
         split = 1
         if device.type == "cuda" and tiles < target:
             split = min(triton.cdiv(target, tiles), 8)
-        return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 2}
+        return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
     if m <= 16:
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:

@@ -5,14 +5,16 @@ the number of activation rows, so a ``Tuner`` times a few candidates per
 ``(device, type, N, K, M bucket)`` with ``triton.testing.do_bench`` and stores the winner in
 ``$SKIFF_CACHE_DIR/qmatmul-tuning.json`` (default ``~/.cache/skiff``), keyed by the device's
 name and compute capability. Later loads read the file and time nothing. Unknown keys fall back
-to ``packed_matmul.default_config``; ``SKIFF_QMATMUL_TUNE=0`` skips the timing (defaults only).
-A first load of an 8B model tunes for a few minutes, mostly compiling candidates.
+to ``packed_matmul.default_config`` (tiles sized from the SM count).
 
-The model loader tunes every packed layer shape before CUDA graphs are captured (timing cannot
-run inside a capture); tools/bench_packed.py sweeps wider grids by hand. Decode-sized buckets
-are timed as a decode step runs them (``timing.cold_graph_ms``: CUDA graph, weight cold in
-L2). A candidate is timed only if its result agrees with the default tiles' (a variant that
-compiles wrong is never picked).
+Timing is opt-in (``SKIFF_QMATMUL_TUNE=1``): each candidate is a compile of its own, and on the
+H200 one (type, shape) took about half a minute, so an 8B model tunes for many minutes. Tables
+measured once per kind of device ship in ``tuned/``; a device without one runs the defaults
+until it is tuned. With the variable set, the model loader tunes every packed layer shape
+before CUDA graphs are captured (timing cannot run inside a capture); tools/bench_packed.py
+sweeps wider grids by hand. Decode-sized buckets are timed as a decode step runs them
+(``timing.cold_graph_ms``: CUDA graph, weight cold in L2). A candidate is timed only if its
+result agrees with the default tiles' (a variant that compiles wrong is never picked).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ class Tuner:
     def tune(self, pw: PackedWeight, dtype: torch.dtype) -> None:
         """Time the candidates for every bucket of this weight's shape (activations of `dtype`)
         that has no entry yet."""
-        if self.device.type != "cuda" or os.environ.get("SKIFF_QMATMUL_TUNE") == "0":
+        if self.device.type != "cuda" or os.environ.get("SKIFF_QMATMUL_TUNE") != "1":
             return
         todo = [m for m in BUCKETS if self._key(pw, m, dtype) not in self.table]
         if not todo:

@@ -38,6 +38,19 @@ def test_slow_mixed_steps_shrink_the_cap_and_fast_full_ones_grow_it() -> None:
         ChunkBudget(0, 64)
 
 
+def test_decodes_slower_than_the_target_leave_the_prompt_half_the_step() -> None:
+    b = ChunkBudget(target_ms=20, max_tokens=2048)
+    for _ in range(10):
+        b.observe(True, 0, 0.024)  # the decodes alone take 24 ms: over the target
+    assert b.decode_ms == pytest.approx(24.0) and b.allowed_ms == pytest.approx(48.0)
+    for _ in range(40):  # each prompt token adds 0.05 ms: 480 tokens fit in 48 ms
+        b.observe(True, b.cap, 0.024 + b.cap * 0.05e-3)
+    assert 300 <= b.cap <= 480  # not the 32-token minimum a 20 ms target would force
+    fast = ChunkBudget(target_ms=20, max_tokens=2048)
+    fast.observe(True, 0, 0.004)  # fast decodes: the target itself bounds the step
+    assert fast.allowed_ms == 20
+
+
 def test_scheduler_caps_prompts_only_beside_decodes() -> None:
     sched = Scheduler(BlockManager(256, 4), 512, 300, 16)
     decoding = Sequence(0, prompt(8, 1), GREEDY, 50)

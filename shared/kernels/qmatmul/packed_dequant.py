@@ -3,7 +3,8 @@
 For prefill-sized batches a dense matmul (cuBLAS on the tensor cores) over a dequantized copy
 beats dequantizing inside the GEMM's main loop: the copy costs one pass over the weight, the
 matmul then runs at the dense rate. ``packed_matmul`` takes this path when its tile config says
-``DEQUANT`` (the tuner times it against the fused GEMM for the prefill bucket).
+``DEQUANT`` (the tuner times it against the fused GEMM for the prefill bucket; not the default
+until it is measured faster on a device).
 
 Each value is the reference dequantization (``unpack``) rounded to the output dtype, as the fused
 GEMM and the dense reference round it (a zero may come out +0.0 where the reference has -0.0).

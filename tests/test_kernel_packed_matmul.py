@@ -98,6 +98,14 @@ def test_packed_matmul_small(qtype: T, m: int, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_packed_gemv_split_k_and_ragged_tiles(qtype: T) -> None:
     _check(qtype, 37, 1024, 1, torch.bfloat16, config={"BLOCK_N": 16, "SPLIT_K": 3})
+
+
+@pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
+def test_packed_gemm_split_k_and_ragged_tiles(qtype: T) -> None:
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "SPLIT_K": 3}
+    _check(qtype, 37, 1024, 5, torch.bfloat16, config=cfg)
+    _check(qtype, 40, 1024, 20, torch.float32, config={**cfg, "SPLIT_K": 4})
     _check(qtype, 37, 1024, 1, torch.bfloat16, config={"BLOCK_N": 16, "SPLIT_K": 3, "UNROLL": 1})
     _check(qtype, 37, 512, 5, torch.bfloat16, config={"BLOCK_M": 16, "BLOCK_N": 32})
 

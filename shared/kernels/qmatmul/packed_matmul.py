@@ -153,8 +153,8 @@ def _gemm_chunk(
 def _gemm_kernel(
     x_ptr,  # [M, K] activations
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    out_ptr,  # [M, N]
-    M, N, n_chunks, stride_xm, stride_om, stride_q, stride_s, stride_d,
+    out_ptr,  # [M, N], or [SPLITS, M, N] float32 partials (split-K)
+    M, N, n_chunks, per_split, stride_xm, stride_om, stride_os, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
     W: tl.constexpr,
@@ -168,24 +168,26 @@ def _gemm_kernel(
     rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rows_m < M
     nmask = rows < N
+    c0 = tl.program_id(2) * per_split
+    c1 = tl.minimum(c0 + per_split, n_chunks)
     i = tl.arange(0, W)
     x_rows = x_ptr + rows_m[:, None] * stride_xm + i[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if INTERPRETED:
-        c = 0
-        while c < n_chunks:
+        c = c0
+        while c < c1:
             acc = _gemm_chunk(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
                 nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
             )  # fmt: skip
             c += 1
     else:
-        for c in range(n_chunks):
+        for c in range(c0, c1):
             acc = _gemm_chunk(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
                 nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
             )  # fmt: skip
-    out = out_ptr + rows_m[:, None] * stride_om + rows[None, :]
+    out = out_ptr + tl.program_id(2) * stride_os + rows_m[:, None] * stride_om + rows[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
@@ -233,7 +235,8 @@ def packed_matmul(
 
     config overrides the tiling: ``BLOCK_N``, ``SPLIT_K``, ``num_warps`` and ``UNROLL`` (1: each
     program's chunk loop unrolled at compile time) for M = 1; ``BLOCK_M``, ``BLOCK_N``,
-    ``num_warps``, ``num_stages`` above, or ``DEQUANT`` (1: a dense copy of the weight in x's
+    ``num_warps``, ``num_stages`` and ``SPLIT_K`` (absent: split when the tiles leave SMs idle)
+    above, or ``DEQUANT`` (1: a dense copy of the weight in x's
     dtype, then torch's matmul).
     """
     n, k = pw.shape
@@ -284,12 +287,32 @@ _SMALL_TILE = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
 def _launch_gemm(x, pw, out, cfg, interp) -> None:
     m, n = out.shape
     n_chunks = pw.shape[1] // CHUNK[pw.qtype]
-    grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
-    _gemm_kernel[grid](
-        x, *_planes(pw), out, m, n, n_chunks, x.stride(0), out.stride(0), *_strides(pw),
-        **_fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], INTERPRETED=interp,
-        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
+    tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    splits = cfg.get("SPLIT_K") or _auto_split(tiles[0] * tiles[1], n_chunks, x.device)
+    per_split = triton.cdiv(n_chunks, splits)
+    splits = triton.cdiv(n_chunks, per_split)
+    target = out
+    if splits > 1:  # float32 partials, added by one more launch
+        target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    _gemm_kernel[(*tiles, splits)](
+        x, *_planes(pw), target, m, n, n_chunks, per_split, x.stride(0), n, m * n,
+        *_strides(pw), **_fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        INTERPRETED=interp, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
+    if splits > 1:
+        grid = (triton.cdiv(m * n, 1024),)
+        _sum_splits_kernel[grid](target, out, m * n, SPLITS=splits, BLOCK=1024)
+
+
+def _auto_split(tiles: int, n_chunks: int, device: torch.device) -> int:
+    """Split-K for a decode-batch GEMM whose output tiles leave SMs idle: N / BLOCK_N programs
+    would each walk all of K (16-56 chunks for Llama-3-8B) one chunk after another."""
+    if device.type != "cuda":
+        return 1
+    target = 2 * num_sms(device)
+    if tiles >= target:
+        return 1
+    return max(1, min(triton.cdiv(target, tiles), 8, n_chunks // 2))
 
 
 def default_config(

@@ -66,12 +66,18 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         for s in sorted({split, triton.cdiv(chunks, 4), chunks}):  # <= 16, 4 or 1 chunks each
             out += [{"BLOCK_N": b, "SPLIT_K": s, "num_warps": 2, "UNROLL": 1} for b in (16, 32)]
         return out
+    # decode batches: split-K is a launch argument (no compile of its own)
     if m <= 16:
-        return [{"BLOCK_M": 16, "BLOCK_N": b, "num_warps": 4, "num_stages": 2} for b in (32, 64)]
+        return [
+            {"BLOCK_M": 16, "BLOCK_N": b, "num_warps": 4, "num_stages": 2, "SPLIT_K": s}
+            for b in (32, 64)
+            for s in (1, 2, 4, 8)
+        ]
     if m <= 64:
         return [
-            {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3}
+            {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3, "SPLIT_K": s}
             for b, w in ((32, 4), (64, 4), (64, 8))
+            for s in (1, 2, 4, 8)
         ]
     return [{"DEQUANT": 1}] + [
         {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}

@@ -1,0 +1,150 @@
+"""Compiles the packed quantized-matmul kernels for an NVIDIA target on a machine without a GPU
+and counts the instructions of their main loop (Triton's own ptxas and cuobjdump).
+
+    python -m tools.kernel_sass [--arch 90] [--types Q4_K Q6_K Q8_0] [--check]
+
+Per type and kernel it prints the SASS instructions of the chunk loop per thread, per weight
+(the issue rate, not the bandwidth, bounds a kernel whose loop needs many per weight) and the
+commonest opcodes. --check only compiles every kernel for every packed type and exits non-zero
+on the first failure (tests/test_kernel_compile.py runs it: a kernel that does not compile for
+the GPU is caught on the CPU). Run it without TRITON_INTERPRET: the interpreter replaces the
+kernels. Shapes are Llama-3-8B's 4096 x 4096 with bf16 activations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+import triton
+from gguf import GGMLQuantizationType as T
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from shared.kernels.qmatmul.packed import CHUNK, PACKED_TYPES, WORDS, pack
+from shared.quant import block_geometry
+
+_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+          torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8"}  # fmt: skip
+
+
+def _weight(qtype: T, n: int, k: int):
+    block, size = block_geometry(qtype)
+    return pack(torch.zeros(n, k // block * size, dtype=torch.uint8), qtype, (n, k))
+
+
+def _planes(pw) -> list[torch.Tensor]:
+    return [t if t is not None else pw.q for t in (pw.q, pw.hi, pw.sc, pw.mn, pw.d, pw.dmin)]
+
+
+def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
+    """(kernel, its runtime arguments in order, constexprs) as packed_matmul launches them."""
+    import importlib
+
+    mm = importlib.import_module("shared.kernels.qmatmul.packed_matmul")
+    dq = importlib.import_module("shared.kernels.qmatmul.packed_dequant")
+    n, k = pw.shape
+    x = torch.empty(m, k, dtype=torch.bfloat16)
+    sc = pw.sc if pw.sc is not None else pw.d
+    strides = [pw.q.stride(0), sc.stride(0), pw.d.stride(0)]
+    fields = {"QTYPE": int(pw.qtype), "HI": pw.hi is not None, "W": WORDS[pw.qtype],
+              "G": CHUNK[pw.qtype] // WORDS[pw.qtype], "INTERPRETED": False}  # fmt: skip
+    chunks = k // CHUNK[pw.qtype]
+    out = torch.empty(m, n, dtype=torch.float32)
+    if kind == "gemv":
+        args = [x, *_planes(pw), out, n, chunks, chunks // 2, *strides, n]
+        return mm._gemv_kernel, args, {**fields, "BLOCK_N": 16, "UNROLL": 0}
+    if kind == "dequant":
+        dense = torch.empty(n, k, dtype=torch.bfloat16)
+        return dq._dequant_kernel, [*_planes(pw), dense, n, *strides, k], {**fields, "BLOCK_N": 32}
+    args = [x, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
+    return mm._gemm_kernel, args, {**fields, "BLOCK_M": min(m, 64), "BLOCK_N": 32}
+
+
+def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
+    pw = _weight(qtype, 4096, 4096)
+    fn, args, consts = _launch_args(kind, pw, m)
+    names = fn.arg_names
+    runtime = [a for a in names if a not in consts]
+    if len(runtime) != len(args):
+        raise RuntimeError(f"{kind}: {len(args)} arguments for {runtime}")
+    sig, attrs = {}, {}
+    for name, value in zip(runtime, args, strict=True):
+        if isinstance(value, torch.Tensor):
+            sig[name] = "*" + _TYPES[value.dtype]
+            attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "i32"
+            if value % 16 == 0:  # what the launcher specializes on
+                attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+    sig.update({name: "constexpr" for name in consts})
+    sig = {name: sig[name] for name in names}
+    src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+    options = {"num_warps": num_warps, "num_stages": 2}
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def loop_stats(cubin: bytes) -> tuple[int, Counter]:
+    """Instructions of the longest loop (the longest backward branch) and its opcode counts."""
+    tool = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
+    inst = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)(.*)")
+    rows = [
+        (int(m.group(1), 16), m.group(2), m.group(3))
+        for m in map(inst.search, sass.splitlines())
+        if m
+    ]
+    loops = [
+        (at, int(rest.split(";")[0].strip().split()[-1], 16))
+        for at, op, rest in rows
+        if op == "BRA"
+    ]
+    back = [(at, to) for at, to in loops if to < at]
+    if not back:
+        return 0, Counter()
+    end, start = max(back, key=lambda p: p[0] - p[1])
+    body = [op for at, op, _ in rows if start <= at <= end]
+    return len(body), Counter(body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--types", nargs="+", default=None)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("kernel_sass: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
+        return 2
+    types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
+    kinds = (("gemv", 1, 4), ("gemm", 16, 4), ("gemm", 64, 4), ("dequant", 1, 4))
+    for qtype in types:
+        for kind, m, warps in kinds:
+            try:
+                compiled = compile_kernel(kind, qtype, m, args.arch, warps)
+            except Exception as exc:  # noqa: BLE001 - report which kernel and why
+                print(f"{qtype.name} {kind} M={m}: FAILED: {type(exc).__name__}: {exc}")
+                return 1
+            if args.check:
+                print(f"{qtype.name} {kind} M={m}: compiled for sm_{args.arch}")
+                continue
+            count, ops = loop_stats(compiled.asm["cubin"])
+            weights = (16 if kind == "gemv" else 32) * CHUNK[qtype] / (warps * 32)
+            top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
+            print(f"{qtype.name:5} {kind:7} M={m:<3} loop {count:5} per thread per chunk, "
+                  f"{count / weights:5.1f} per weight | {top}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,6 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from shared.kernels.qmatmul.packed import CHUNK, PACKED_TYPES, WORDS, pack
+from shared.kernels.qmatmul.packed_chunk import MAGIC
 from shared.quant import block_geometry
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
@@ -59,11 +60,12 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     chunks = k // CHUNK[pw.qtype]
     out = torch.empty(m, n, dtype=torch.float32)
     if kind == "gemv":
-        args = [x, *_planes(pw), out, n, chunks, chunks // 2, *strides, n]
+        args = [x, *_planes(pw), out, n, chunks, chunks // 2, *strides, n, MAGIC]
         return mm._gemv_kernel, args, {**fields, "BLOCK_N": 16, "UNROLL": 0}
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
-        return dq._dequant_kernel, [*_planes(pw), dense, n, *strides, k], {**fields, "BLOCK_N": 32}
+        args = [*_planes(pw), dense, n, *strides, k, MAGIC]
+        return dq._dequant_kernel, args, {**fields, "BLOCK_N": 32}
     args = [x, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
     return mm._gemm_kernel, args, {**fields, "BLOCK_M": min(m, 64), "BLOCK_N": 32}
 

@@ -36,9 +36,14 @@ Q6_K = tl.constexpr(14)
 
 
 @triton.jit
-def _as_float(bits):
-    """int32 holding a value v < 2^23 (anywhere in bits 0..22) -> float32 v, exactly."""
-    return (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+def _as_float(bits, mg):
+    """int32 holding a value v < 2^23 (anywhere in bits 0..22) -> float32 v, exactly. mg is
+    MAGIC (0x4B000000, the bits of 2^23) passed in as a kernel argument: in a register, the mask
+    and the OR become one LOP3 (two immediates would take two)."""
+    return (bits | mg).to(tl.float32, bitcast=True) - 8388608.0
+
+
+MAGIC = 0x4B000000  # the bits of 2^23: launchers pass it to the kernels (see _as_float)
 
 
 @triton.jit
@@ -128,20 +133,20 @@ def load_meta(
 
 
 @triton.jit
-def _two_bit(QTYPE: tl.constexpr, J: tl.constexpr, w, wh, h, s0, s1, d, dmin):
+def _two_bit(QTYPE: tl.constexpr, J: tl.constexpr, w, wh, h, s0, s1, d, dmin, mg):
     """Q2_K / Q3_K: 2-bit field J (8 in w, 8 in w >> 16), one scale per 16 elements."""
     P: tl.constexpr = 2 * (J % 8)
     src = w
     if J >= 8:
         src = wh
-    q = _as_float(src & (0x3 << P))  # q * 2^P
+    q = _as_float(src & (0x3 << P), mg)  # q * 2^P
     sc = _byte(s0, s1, J)
     if QTYPE == Q2_K:  # (d * (sc & 15)) * q - dmin * (sc >> 4)
         scale = d * (sc & 0xF).to(tl.float32)
         val = q * (scale * (1.0 / (1 << P)))[:, None] - (dmin * (sc >> 4).to(tl.float32))[:, None]
     else:  # Q3_K: (d * (sc - 32)) * (q + 4 * hbit - 4), every partial result exact
         scale = d * _signed(sc).to(tl.float32)
-        hb = _as_float(h & (1 << J))  # hmask bit * 2^J
+        hb = _as_float(h & (1 << J), mg)  # hmask bit * 2^J
         val = q * (scale * (1.0 / (1 << P)))[:, None] + (
             hb * (scale * (4.0 / (1 << J)))[:, None] - (4.0 * scale)[:, None]
         )
@@ -155,6 +160,7 @@ def group(
     J: tl.constexpr,  # sub-block (field) index within the chunk
     w, wh, h,  # from load_chunk
     s0, s1, m0, m1, d, dmin,  # from load_meta
+    mg,  # MAGIC, a kernel argument (see _as_float)
 ):  # fmt: skip
     """Field J of the chunk's words -> float32 weights [BLOCK_N, W]."""
     if QTYPE == Q8_0:
@@ -164,20 +170,20 @@ def group(
         if J >= 2:
             src = wh
         dj = _half(s0, s0, J)
-        u = _as_float((src & (0xFF << P)) ^ (0x80 << P))  # (q + 128) * 2^P
+        u = _as_float((src & (0xFF << P)) ^ (0x80 << P), mg)  # (q + 128) * 2^P
         val = u * (dj * (1.0 / (1 << P)))[:, None] - (128.0 * dj)[:, None]
     elif QTYPE == Q2_K:  # noqa: SIM114 - Triton's constexpr `if` takes no `or` chains
-        val = _two_bit(QTYPE, J, w, wh, h, s0, s1, d, dmin)
+        val = _two_bit(QTYPE, J, w, wh, h, s0, s1, d, dmin, mg)
     elif QTYPE == Q3_K:
-        val = _two_bit(QTYPE, J, w, wh, h, s0, s1, d, dmin)
+        val = _two_bit(QTYPE, J, w, wh, h, s0, s1, d, dmin, mg)
     elif QTYPE == Q6_K:  # (lo + 16 * hi - 32) * d * sc, lo a nibble of w, hi a bit pair of h
         P: tl.constexpr = 4 * (J % 4)
         src = w
         if J >= 4:
             src = wh
         scale = d * _signed(_byte(s0, s0, J)).to(tl.float32)  # exact
-        lo = _as_float(src & (0xF << P))  # lo * 2^P
-        hi = _as_float(h & (0x3 << (2 * J)))  # hi * 4^J
+        lo = _as_float(src & (0xF << P), mg)  # lo * 2^P
+        hi = _as_float(h & (0x3 << (2 * J)), mg)  # hi * 4^J
         s_lo = scale * (1.0 / (1 << P))
         s_hi = scale * (16.0 / (1 << (2 * J)))
         # every partial result is exact, so the value is the reference's
@@ -198,10 +204,10 @@ def group(
                 shift = 8.0 * scale
             else:
                 shift = 16.0 * scale
-        q = _as_float(src & (0xF << P))  # q * 2^P
+        q = _as_float(src & (0xF << P), mg)  # q * 2^P
         s_lo = scale * (1.0 / (1 << P))
         if HI:
-            hi = _as_float(h & (1 << J))  # fifth bit * 2^J
+            hi = _as_float(h & (1 << J), mg)  # fifth bit * 2^J
             # scale * q exactly (both products are exact), then the one rounding of the reference
             t = q * s_lo[:, None] + hi * (scale * (16.0 / (1 << J)))[:, None]
             val = t - shift[:, None]

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from shared.kernels.device import interpreted
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
-from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
+from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
 
 __all__ = ["dequantize_packed"]
 
@@ -29,6 +29,7 @@ def _dequant_kernel(
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     out_ptr,  # [N, K]
     N, stride_q, stride_s, stride_d, stride_o,
+    magic,  # packed_chunk.MAGIC
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
     W: tl.constexpr,
@@ -46,7 +47,7 @@ def _dequant_kernel(
     i = tl.arange(0, W)
     out = out_ptr + rows[:, None] * stride_o + c * (W * G) + i[None, :]
     for j in tl.static_range(G):
-        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin)
+        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, magic)
         if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
             # its float32 -> bfloat16 cast truncates: round to nearest even by hand first
             bits = val.to(tl.uint32, bitcast=True)
@@ -68,7 +69,7 @@ def dequantize_packed(
     words = WORDS[pw.qtype]
     grid = (triton.cdiv(n, block_n), k // CHUNK[pw.qtype])
     _dequant_kernel[grid](
-        *planes, out, n, pw.q.stride(0), sc.stride(0), pw.d.stride(0), out.stride(0),
+        *planes, out, n, pw.q.stride(0), sc.stride(0), pw.d.stride(0), out.stride(0), MAGIC,
         QTYPE=int(pw.qtype), HI=pw.hi is not None, W=words, G=CHUNK[pw.qtype] // words,
         BLOCK_N=block_n, INTERPRETED=interpreted(_dequant_kernel), num_warps=4,
     )  # fmt: skip

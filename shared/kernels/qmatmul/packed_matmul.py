@@ -24,7 +24,7 @@ import triton.language as tl
 
 from shared.kernels.device import interpreted, num_sms
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
-from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
+from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
 
 __all__ = ["packed_matmul"]
@@ -38,6 +38,7 @@ def _gemv_kernel(
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     out_ptr,  # [SPLITS, N] float32 partials, or [N] in the output dtype when SPLITS == 1
     N, n_chunks, per_split, stride_q, stride_s, stride_d, stride_os,
+    magic,  # packed_chunk.MAGIC
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
     W: tl.constexpr,  # words per chunk
@@ -58,14 +59,14 @@ def _gemv_kernel(
             live = nmask & (c < n_chunks)
             acc = _gemv_chunk(
                 acc, c, live, c < n_chunks, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
-                dmin_ptr, rows, stride_q, stride_s, stride_d, QTYPE, HI, W, G,
+                dmin_ptr, rows, stride_q, stride_s, stride_d, magic, QTYPE, HI, W, G,
             )  # fmt: skip
     elif INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         c = c0
         while c < c1:
             acc = _gemv_chunk(
                 acc, c, nmask, c >= 0, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-                rows, stride_q, stride_s, stride_d, QTYPE, HI, W, G,
+                rows, stride_q, stride_s, stride_d, magic, QTYPE, HI, W, G,
             )  # fmt: skip
             c += 1
     else:
@@ -83,7 +84,7 @@ def _gemv_kernel(
                 QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c + 1, stride_s, stride_d
             )
             acc = _gemv_groups(
-                acc, c, c < c1, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, QTYPE, HI, W, G
+                acc, c, c < c1, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, magic, QTYPE, HI, W, G
             )
             w, wh, h = w2, wh2, h2
             s0, s1, m0, m1, d, dmin = t0, t1, n0, n1, e, emin
@@ -106,26 +107,28 @@ def _sum_splits_kernel(part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.con
 @triton.jit
 def _gemv_chunk(
     acc, c, live, valid, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-    stride_q, stride_s, stride_d,
+    stride_q, stride_s, stride_d, mg,
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
     w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, live, c, stride_q, W)
     s0, s1, m0, m1, d, dmin = load_meta(
         QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c, stride_s, stride_d
     )
-    return _gemv_groups(acc, c, valid, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, QTYPE, HI, W, G)
+    return _gemv_groups(
+        acc, c, valid, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, mg, QTYPE, HI, W, G
+    )
 
 
 @triton.jit
 def _gemv_groups(
     acc, c,
     valid,  # whether chunk c exists (its activations may be read)
-    w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr,
+    w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, mg,
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
     i = tl.arange(0, W)
     for j in tl.static_range(G):
-        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin)
+        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
         xj = tl.load(x_ptr + c * (W * G) + j * W + i, mask=valid & (i < W), other=0.0)
         acc += val * xj.to(tl.float32)[None, :]
     return acc
@@ -143,7 +146,8 @@ def _gemm_chunk(
         QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
     )
     for j in tl.static_range(G):
-        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin)
+        # the magic as an immediate here: in a register it made this loop longer (kernel_sass)
+        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
         xj = tl.load(x_rows + c * (W * G) + j * W, mask=mmask[:, None], other=0.0)
         acc = _dot_acc(acc, xj, val, INTERPRETED)
     return acc
@@ -262,7 +266,7 @@ def packed_matmul(
             target = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
         _gemv_kernel[grid](
-            x, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n,
+            x, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n, MAGIC,
             **_fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, INTERPRETED=interp,
             num_warps=cfg.get("num_warps", 4),
         )  # fmt: skip

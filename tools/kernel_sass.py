@@ -62,6 +62,11 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     if kind == "gemv":
         args = [x, *_planes(pw), out, n, chunks, chunks // 2, *strides, n, MAGIC]
         return mm._gemv_kernel, args, {**fields, "BLOCK_N": 16, "UNROLL": 0}
+    if kind == "gemv-f":  # the factored GEMV (packed_gemv), float32 activations and V-sums
+        gv = importlib.import_module("shared.kernels.qmatmul.packed_gemv")
+        xf, xs = torch.empty(k, dtype=torch.float32), torch.empty(k // 4, dtype=torch.float32)
+        args = [xf, xs, *_planes(pw), out, n, chunks, chunks // 2, *strides, n, MAGIC]
+        return gv.gemv_factored_kernel, args, {**fields, "BLOCK_N": 64, "V": 4}
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]
@@ -71,6 +76,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
 
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
+    """kind: gemv, gemv-f (factored), gemm (M rows, BLOCK_M = min(M, 64)) or dequant."""
     pw = _weight(qtype, 4096, 4096)
     fn, args, consts = _launch_args(kind, pw, m)
     names = fn.arg_names
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel_sass: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
         return 2
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
-    kinds = (("gemv", 1, 4), ("gemm", 16, 4), ("gemm", 64, 4), ("dequant", 1, 4))
+    kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemm", 16, 4), ("gemm", 64, 4), ("dequant", 1, 4))
     for qtype in types:
         for kind, m, warps in kinds:
             try:
@@ -141,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{qtype.name} {kind} M={m}: compiled for sm_{args.arch}")
                 continue
             count, ops = loop_stats(compiled.asm["cubin"])
-            weights = (16 if kind == "gemv" else 32) * CHUNK[qtype] / (warps * 32)
+            rows = {"gemv": 16, "gemv-f": 64}.get(kind, 32)
+            weights = rows * CHUNK[qtype] / (warps * 32)
             top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
             print(f"{qtype.name:5} {kind:7} M={m:<3} loop {count:5} per thread per chunk, "
                   f"{count / weights:5.1f} per weight | {top}")  # fmt: skip

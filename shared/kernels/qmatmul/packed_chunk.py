@@ -214,3 +214,82 @@ def group(
         else:
             val = q * s_lo[:, None] - shift[:, None]
     return val
+
+
+@triton.jit
+def _plus_high(q, h, BIT: tl.constexpr, TO: tl.constexpr, mg):
+    """q + (h's bit(s) at BIT, as a value) * 2^TO / 2^BIT: the high part of a code, exact."""
+    return q + _as_float(h & BIT, mg) * ((1 << TO) * (1.0 / BIT))
+
+
+@triton.jit
+def fields(
+    QTYPE: tl.constexpr,
+    HI: tl.constexpr,
+    J: tl.constexpr,
+    w, wh, h,  # from load_chunk (any shape with rows first)
+    s0, s1, m0, m1, d, dmin,  # from load_meta
+    mg,  # MAGIC, a kernel argument (see _as_float)
+):  # fmt: skip
+    """Field J factored for a dot product: (Q, A, B) with weight = Q * A - B, Q = code * 2^P
+    exact (the unsigned code of the field, high bits included) and A, B one per row. A GEMV sums
+    ``Q * x`` first and scales once per sub-block: ``A * sum(Q x) - B * sum(x)``, not the weight
+    element by element (the sum of products is not the reference's elementwise rounding)."""
+    if QTYPE == Q8_0:
+        P: tl.constexpr = 8 * (J % 2)
+        src = w
+        if J >= 2:
+            src = wh
+        q = _as_float((src & (0xFF << P)) ^ (0x80 << P), mg)  # (q + 128) * 2^P
+        dj = _half(s0, s0, J)
+        a = dj * (1.0 / (1 << P))
+        b = 128.0 * dj
+    elif QTYPE == Q2_K:
+        P: tl.constexpr = 2 * (J % 8)
+        src = w
+        if J >= 8:
+            src = wh
+        q = _as_float(src & (0x3 << P), mg)
+        sc = _byte(s0, s1, J)
+        a = (d * (1.0 / (1 << P))) * _as_float(sc & 0xF, mg)
+        b = dmin * _as_float(sc >> 4, mg)
+    elif QTYPE == Q3_K:  # code q + 4 * hbit, weight (code - 4) * scale
+        P: tl.constexpr = 2 * (J % 8)
+        src = w
+        if J >= 8:
+            src = wh
+        q = _plus_high(_as_float(src & (0x3 << P), mg), h, 1 << J, P + 2, mg)
+        scale = d * _signed(_byte(s0, s1, J)).to(tl.float32)
+        a = scale * (1.0 / (1 << P))
+        b = 4.0 * scale
+    elif QTYPE == Q6_K:  # code lo + 16 * hi, weight (code - 32) * scale
+        P: tl.constexpr = 4 * (J % 4)
+        src = w
+        if J >= 4:
+            src = wh
+        lo = _as_float(src & (0xF << P), mg)
+        q = lo + _as_float(h & (0x3 << (2 * J)), mg) * ((1 << (P + 4)) * (1.0 / (1 << (2 * J))))
+        scale = d * _signed(_byte(s0, s0, J)).to(tl.float32)
+        a = scale * (1.0 / (1 << P))
+        b = 32.0 * scale
+    else:  # a nibble (and a fifth bit): Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q4_K / Q5_K
+        P: tl.constexpr = 4 * (J % 4)
+        src = w
+        if J >= 4:
+            src = wh
+        q = _as_float(src & (0xF << P), mg)
+        if HI:
+            q = _plus_high(q, h, 1 << J, P + 4, mg)
+        if QTYPE >= Q4_K:
+            a = (d * (1.0 / (1 << P))) * _byte(s0, s0, J).to(tl.float32)
+            b = dmin * _byte(m0, m0, J).to(tl.float32)
+        else:
+            scale = _half(s0, s1, J)
+            a = scale * (1.0 / (1 << P))
+            if QTYPE % 2 == 1:
+                b = -_half(m0, m1, J)
+            elif QTYPE == Q4_0:
+                b = 8.0 * scale
+            else:
+                b = 16.0 * scale
+    return q, a, b

@@ -26,6 +26,7 @@ from shared.kernels.device import interpreted, num_sms
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
+from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 
 __all__ = ["packed_matmul"]
 
@@ -238,7 +239,8 @@ def packed_matmul(
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
     config overrides the tiling: ``BLOCK_N``, ``SPLIT_K``, ``num_warps`` and ``UNROLL`` (1: each
-    program's chunk loop unrolled at compile time) for M = 1; ``BLOCK_M``, ``BLOCK_N``,
+    program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV of
+    ``packed_gemv``) for M = 1; ``BLOCK_M``, ``BLOCK_N``,
     ``num_warps``, ``num_stages`` and ``SPLIT_K`` (absent: split when the tiles leave SMs idle)
     above, or ``DEQUANT`` (1: a dense copy of the weight in x's
     dtype, then torch's matmul).
@@ -265,11 +267,21 @@ def packed_matmul(
         if splits > 1:
             target = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
-        _gemv_kernel[grid](
-            x, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n, MAGIC,
-            **_fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, INTERPRETED=interp,
-            num_warps=cfg.get("num_warps", 4),
-        )  # fmt: skip
+        if cfg.get("FACTOR"):  # codes times activations summed first, scaled once a sub-block
+            xf = torch.empty(k, dtype=torch.float32, device=x.device)
+            xs = torch.empty(k // 4, dtype=torch.float32, device=x.device)
+            prepare_x_kernel[(triton.cdiv(k, 1024),)](x, xf, xs, k, V=4, BLOCK=1024)
+            gemv_factored_kernel[grid](
+                xf, xs, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n, MAGIC,
+                **_fields(pw), BLOCK_N=cfg["BLOCK_N"], V=4, INTERPRETED=interp,
+                num_warps=cfg.get("num_warps", 4),
+            )  # fmt: skip
+        else:
+            _gemv_kernel[grid](
+                x, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n, MAGIC,
+                **_fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, INTERPRETED=interp,
+                num_warps=cfg.get("num_warps", 4),
+            )  # fmt: skip
         if splits > 1:
             grid = (triton.cdiv(n, 1024),)
             _sum_splits_kernel[grid](target, out, n, SPLITS=splits, BLOCK=1024)

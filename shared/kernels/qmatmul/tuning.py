@@ -65,6 +65,12 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         split = triton.cdiv(chunks, 16)
         for s in sorted({split, triton.cdiv(chunks, 4), chunks}):  # <= 16, 4 or 1 chunks each
             out += [{"BLOCK_N": b, "SPLIT_K": s, "num_warps": 2, "UNROLL": 1} for b in (16, 32)]
+        # the factored GEMV (packed_gemv): one row a thread, about half the instructions a weight
+        out += [
+            {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, "FACTOR": 1}
+            for b, w in ((32, 1), (64, 2), (128, 4))
+            for s in (1, 2, 4, 8)
+        ]
         return out
     # decode batches: split-K is a launch argument (no compile of its own)
     if m <= 16:

@@ -26,6 +26,15 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ[env] = str(MODELS / filename)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # SKIFF_TEST_TIMES=FILE: one line per test phase as it ends (seconds, outcome, test id), so a
+    # run cut off by a device call's time limit still shows where its time went.
+    path = os.environ.get("SKIFF_TEST_TIMES")
+    if path and (report.when == "call" or report.outcome != "passed"):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:8.2f} {report.outcome:7} {report.nodeid}\n")
+
+
 def _model(env: str, filename: str) -> Path:
     path = Path(os.environ.get(env) or MODELS / filename)
     if not path.exists():

@@ -121,7 +121,8 @@ def test_packed_matmul_rejects_a_wrong_shape() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", [(4096, 4096), (14336, 4096), (4096, 14336), (1024, 4096)])
+# a square one and a long K (split-K, 56 chunks): every case writes its blocks on the CPU
+@pytest.mark.parametrize("shape", [(4096, 4096), (1024, 14336)])
 @pytest.mark.parametrize("m", [1, 7, 64, 512])
 def test_packed_matmul_llama3_shapes(qtype: T, shape: tuple[int, int], m: int) -> None:
     _check(qtype, *shape, m, torch.bfloat16)

@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-cache
-export SKIFF_MODELS_DIR=$PWD/.device/models
+export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
 STAGES=${STAGES:-"tests w1 sweep llama"}  # also: profile (ncu, tools/gpu_profile.sh)
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
@@ -23,7 +23,8 @@ models() { for t in $TYPES; do
   [ -f /tmp/l3-$t.gguf ] || python3 -m tools.llama3_shape /tmp/l3-$t.gguf --type $t; done; }
 case " $STAGES " in *" tests "*)
   timeout ${TESTS_S:-240} python3 -m pytest -q -rs -p no:cacheprovider -m "" --durations=8 \
-    tests/test_kernel_packed_matmul.py tests/test_quant_linear.py tests/test_qmatmul_tuning.py \
+    tests/test_kernel_packed_gemv.py tests/test_kernel_packed_matmul.py tests/test_quant_linear.py \
+    tests/test_qmatmul_tuning.py \
     tests/test_sampling.py tests/test_dequant.py 2>&1 | tail -30 | tee "$OUT/pytest-kernels.log" ;;
 esac
 case " $STAGES " in *" profile "*)

@@ -9,6 +9,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_MODELS_DIR=$PWD/.device/models
 export SKIFF_CACHE_DIR=/tmp/skiff-cache
+export SKIFF_TEST_TIMES=$OUT/test-times.txt  # per-test seconds, kept even if a stage is cut off
 M=.device/models
 [ -f $M/SmolLM2-135M-Instruct.Q4_1.gguf ] && export SKIFF_SMOLLM2=$PWD/$M/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f $M/gemma3-270m-q4_k_m.gguf ] && export SKIFF_GEMMA3=$PWD/$M/gemma3-270m-q4_k_m.gguf
@@ -17,12 +18,14 @@ M=.device/models
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-python3 -m pytest -m gpu -q -s -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest-gpu.log"
+timeout ${GPU_TESTS_S:-300} python3 -m pytest -m gpu -q -s -rs -p no:cacheprovider tests 2>&1 \
+  | tee "$OUT/pytest-gpu.log"
 rc=${PIPESTATUS[0]}
 # The kernel tests run natively at their CUDA sizes (not only the gpu-marked ones).
-python3 -m pytest -q -rs -p no:cacheprovider -m "" tests/test_kernel_paged_attention.py \
+timeout ${KERNEL_TESTS_S:-240} python3 -m pytest -q -rs -p no:cacheprovider -m "" \
+  tests/test_kernel_paged_attention.py \
   tests/test_kernel_paged_attention_args.py tests/test_kernels_fused.py tests/test_triton_model.py \
-  tests/test_kernel_packed_matmul.py \
+  tests/test_kernel_packed_gemv.py tests/test_kernel_packed_dequant.py tests/test_kernel_packed_matmul.py \
   tests/test_quant_linear.py tests/test_qmatmul_tuning.py 2>&1 | tee "$OUT/pytest-kernels.log"
 krc=${PIPESTATUS[0]}; [ $rc -eq 0 ] && rc=$krc
 if [ "${SKIFF_BENCH:-1}" = 1 ]; then

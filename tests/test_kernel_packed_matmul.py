@@ -101,6 +101,14 @@ def test_packed_gemv_split_k_and_ragged_tiles(qtype: T) -> None:
 
 
 @pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_gemm_wide_chunks(qtype: T, dtype: torch.dtype) -> None:
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "WIDE": 1}
+    _check(qtype, 40, 512, 5, dtype, config=cfg)
+
+
+@pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
 def test_packed_gemm_split_k_and_ragged_tiles(qtype: T) -> None:
     cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "SPLIT_K": 3}

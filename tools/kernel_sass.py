@@ -50,6 +50,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     import importlib
 
     mm = importlib.import_module("shared.kernels.qmatmul.packed_matmul")
+    gm = importlib.import_module("shared.kernels.qmatmul.packed_gemm")
     dq = importlib.import_module("shared.kernels.qmatmul.packed_dequant")
     n, k = pw.shape
     x = torch.empty(m, k, dtype=torch.bfloat16)
@@ -72,11 +73,13 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]
         return dq._dequant_kernel, args, {**fields, "BLOCK_N": 32}
     args = [x, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
-    return mm._gemm_kernel, args, {**fields, "BLOCK_M": min(m, 64), "BLOCK_N": 32}
+    wide = kind == "gemm-w"  # one dot a chunk
+    return gm._gemm_kernel, args, {**fields, "BLOCK_M": min(m, 64), "BLOCK_N": 32, "WIDE": wide}
 
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
-    """kind: gemv, gemv-f (factored), gemm (M rows, BLOCK_M = min(M, 64)) or dequant."""
+    """kind: gemv, gemv-f (factored), gemm or gemm-w (one dot a chunk; M rows, BLOCK_M =
+    min(M, 64)) or dequant."""
     pw = _weight(qtype, 4096, 4096)
     fn, args, consts = _launch_args(kind, pw, m)
     names = fn.arg_names
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel_sass: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
         return 2
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
-    kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemm", 16, 4), ("gemm", 64, 4), ("dequant", 1, 4))
+    kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemm", 16, 4), ("gemm-w", 16, 4), ("gemm", 64, 4),
+             ("gemm-w", 64, 4), ("dequant", 1, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
             try:

@@ -1,16 +1,14 @@
 """``x @ W.T`` for a packed quantized weight W (``shared.kernels.qmatmul.packed``), in Triton.
 
-Two kernels share the in-register chunk dequantization of ``packed_chunk``:
+``packed_matmul`` picks the kernel by the number of activation rows and the tile config:
 
-- ``_gemv_kernel`` (one activation row, decode at batch 1): a program owns ``BLOCK_N`` weight
-  rows, multiplies each dequantized chunk by the activations on the FMA units and keeps a
-  ``[BLOCK_N, H]`` float32 accumulator that is summed once at the end. When the row tiles alone
-  cannot fill the device the chunk loop is split over a second grid axis (split-K) and the
-  float32 partials are added afterwards.
-- ``_gemm_kernel`` (two rows and up: decode batches and prefill): a program owns a
-  ``[BLOCK_M, BLOCK_N]`` output tile, rounds each dequantized half-chunk to the activation dtype
-  (as the dense reference rounds its dequantized weight) and accumulates ``tl.dot`` products on
-  the tensor cores in float32.
+- ``_gemv_kernel`` here (one activation row, decode at batch 1): a program owns ``BLOCK_N``
+  weight rows, multiplies each dequantized chunk by the activations on the FMA units and keeps
+  a ``[BLOCK_N, W]`` float32 accumulator that is summed once at the end. When the row tiles
+  alone cannot fill the device the chunk loop is split over a second grid axis (split-K) and
+  the float32 partials are added afterwards. ``FACTOR``: the factored GEMV of ``packed_gemv``.
+- the GEMM of ``packed_gemm`` (two rows and up: decode batches and prefill), or ``DEQUANT``: a
+  dense copy (``packed_dequant``) and torch's matmul.
 
 Tile sizes come from ``shared.kernels.qmatmul.tuning`` (per device, measured, cached on disk).
 Reference: ``x @ unpack(pw).T`` (tests/test_kernel_packed_matmul.py).
@@ -23,9 +21,17 @@ import triton
 import triton.language as tl
 
 from shared.kernels.device import interpreted, num_sms
-from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
+from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
+from shared.kernels.qmatmul.packed_gemm import (
+    SMALL_TILE,
+    fields,
+    launch_gemm,
+    planes,
+    strides,
+    sum_splits_kernel,
+)
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 
 __all__ = ["packed_matmul"]
@@ -95,17 +101,6 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _sum_splits_kernel(part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    """out[n] = sum_s part[s, n] in float32, stored in out's dtype (one launch for split-K)."""
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        acc += tl.load(part_ptr + s * N + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _gemv_chunk(
     acc, c, live, valid, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
     stride_q, stride_s, stride_d, mg,
@@ -135,101 +130,6 @@ def _gemv_groups(
     return acc
 
 
-@triton.jit
-def _gemm_chunk(
-    acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-    stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
-    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
-    s0, s1, m0, m1, d, dmin = load_meta(
-        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
-    )
-    for j in tl.static_range(G):
-        # the magic as an immediate here: in a register it made this loop longer (kernel_sass)
-        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
-        xj = tl.load(x_rows + c * (W * G) + j * W, mask=mmask[:, None], other=0.0)
-        acc = _dot_acc(acc, xj, val, INTERPRETED)
-    return acc
-
-
-@triton.jit
-def _gemm_kernel(
-    x_ptr,  # [M, K] activations
-    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    out_ptr,  # [M, N], or [SPLITS, M, N] float32 partials (split-K)
-    M, N, n_chunks, per_split, stride_xm, stride_om, stride_os, stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr,
-    HI: tl.constexpr,
-    W: tl.constexpr,
-    G: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
-    # m varies fastest, so programs that run together share (and dequantize) one weight tile
-    rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rows_m < M
-    nmask = rows < N
-    c0 = tl.program_id(2) * per_split
-    c1 = tl.minimum(c0 + per_split, n_chunks)
-    i = tl.arange(0, W)
-    x_rows = x_ptr + rows_m[:, None] * stride_xm + i[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if INTERPRETED:
-        c = c0
-        while c < c1:
-            acc = _gemm_chunk(
-                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
-            )  # fmt: skip
-            c += 1
-    else:
-        for c in range(c0, c1):
-            acc = _gemm_chunk(
-                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
-            )  # fmt: skip
-    out = out_ptr + tl.program_id(2) * stride_os + rows_m[:, None] * stride_om + rows[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
-
-
-@triton.jit
-def _dot_acc(acc, x, w, INTERPRETED: tl.constexpr):
-    """acc + x @ w.T with w (float32 values) rounded to x's dtype first."""
-    if x.dtype == tl.float32:
-        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-    if INTERPRETED:
-        # Its float32 -> bfloat16 cast truncates and its 16-bit dots multiply bit patterns:
-        # round to nearest even by hand and multiply the rounded values in float32.
-        if x.dtype == tl.bfloat16:
-            bits = w.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            wr = bits.to(tl.float32, bitcast=True)
-        else:
-            wr = w.to(x.dtype).to(tl.float32)
-        return tl.dot(x.to(tl.float32), tl.trans(wr), acc, input_precision="ieee")
-    return tl.dot(x, tl.trans(w.to(x.dtype)), acc)
-
-
-def _planes(pw: PackedWeight) -> tuple[torch.Tensor, ...]:
-    # absent planes are passed as q (never read: the kernel's QTYPE branch skips them)
-    return tuple(t if t is not None else pw.q for t in (pw.q, pw.hi, pw.sc, pw.mn, pw.d, pw.dmin))
-
-
-def _strides(pw: PackedWeight) -> tuple[int, int, int]:
-    sc = pw.sc if pw.sc is not None else pw.d
-    return pw.q.stride(0), sc.stride(0), pw.d.stride(0)
-
-
-def _fields(pw: PackedWeight) -> dict[str, int]:
-    words = WORDS[pw.qtype]
-    hi = pw.hi is not None
-    return {"QTYPE": int(pw.qtype), "HI": hi, "W": words, "G": CHUNK[pw.qtype] // words}
-
-
 def packed_matmul(
     x: torch.Tensor,
     pw: PackedWeight,
@@ -257,7 +157,7 @@ def packed_matmul(
         return out
     n_chunks = k // CHUNK[pw.qtype]
     cfg = config or default_config(m, n, k, x.device)
-    interp = interpreted(_gemm_kernel)
+    interp = interpreted(_gemv_kernel)
     if m == 1:
         splits = cfg.get("SPLIT_K", 1)
         per_split = triton.cdiv(n_chunks, splits)
@@ -272,63 +172,28 @@ def packed_matmul(
             xs = torch.empty(k // 4, dtype=torch.float32, device=x.device)
             prepare_x_kernel[(triton.cdiv(k, 1024),)](x, xf, xs, k, V=4, BLOCK=1024)
             gemv_factored_kernel[grid](
-                xf, xs, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n, MAGIC,
-                **_fields(pw), BLOCK_N=cfg["BLOCK_N"], V=4, INTERPRETED=interp,
+                xf, xs, *planes(pw), target, n, n_chunks, per_split, *strides(pw), n, MAGIC,
+                **fields(pw), BLOCK_N=cfg["BLOCK_N"], V=4, INTERPRETED=interp,
                 num_warps=cfg.get("num_warps", 4),
             )  # fmt: skip
         else:
             _gemv_kernel[grid](
-                x, *_planes(pw), target, n, n_chunks, per_split, *_strides(pw), n, MAGIC,
-                **_fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, INTERPRETED=interp,
+                x, *planes(pw), target, n, n_chunks, per_split, *strides(pw), n, MAGIC,
+                **fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, INTERPRETED=interp,
                 num_warps=cfg.get("num_warps", 4),
             )  # fmt: skip
         if splits > 1:
             grid = (triton.cdiv(n, 1024),)
-            _sum_splits_kernel[grid](target, out, n, SPLITS=splits, BLOCK=1024)
+            sum_splits_kernel[grid](target, out, n, SPLITS=splits, BLOCK=1024)
         return out
     if cfg.get("DEQUANT"):  # prefill sizes: one pass to a dense copy, then the dense matmul
         w = dequantize_packed(pw, x.dtype)
         return torch.matmul(x, w.T, out=out) if out_dtype == x.dtype else (x @ w.T).to(out_dtype)
     try:
-        _launch_gemm(x, pw, out, cfg, interp)
+        launch_gemm(x, pw, out, cfg, interp)
     except triton.runtime.errors.OutOfResources:
-        _launch_gemm(x, pw, out, _SMALL_TILE, interp)  # a tile tuned for another dtype
+        launch_gemm(x, pw, out, SMALL_TILE, interp)  # a tile tuned for another dtype
     return out
-
-
-# fits any type and activation dtype
-_SMALL_TILE = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
-
-
-def _launch_gemm(x, pw, out, cfg, interp) -> None:
-    m, n = out.shape
-    n_chunks = pw.shape[1] // CHUNK[pw.qtype]
-    tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
-    splits = cfg.get("SPLIT_K") or _auto_split(tiles[0] * tiles[1], n_chunks, x.device)
-    per_split = triton.cdiv(n_chunks, splits)
-    splits = triton.cdiv(n_chunks, per_split)
-    target = out
-    if splits > 1:  # float32 partials, added by one more launch
-        target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    _gemm_kernel[(*tiles, splits)](
-        x, *_planes(pw), target, m, n, n_chunks, per_split, x.stride(0), n, m * n,
-        *_strides(pw), **_fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        INTERPRETED=interp, num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
-    )  # fmt: skip
-    if splits > 1:
-        grid = (triton.cdiv(m * n, 1024),)
-        _sum_splits_kernel[grid](target, out, m * n, SPLITS=splits, BLOCK=1024)
-
-
-def _auto_split(tiles: int, n_chunks: int, device: torch.device) -> int:
-    """Split-K for a decode-batch GEMM whose output tiles leave SMs idle: N / BLOCK_N programs
-    would each walk all of K (16-56 chunks for Llama-3-8B) one chunk after another."""
-    if device.type != "cuda":
-        return 1
-    target = 2 * num_sms(device)
-    if tiles >= target:
-        return 1
-    return max(1, min(triton.cdiv(target, tiles), 8, n_chunks // 2))
 
 
 def default_config(
@@ -347,7 +212,9 @@ def default_config(
     if m <= 16:
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:
-        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+        # one tensor-core step a chunk: offline sm_90 SASS has 3 barriers a chunk, not 17
+        # (kernel_sass); not yet timed on a GPU against the per-field dots
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "WIDE": 1}
     # The dense path (DEQUANT) is a tuner candidate, not the default: its only GPU run so far
     # (W2/W3 at 633978d) showed 512-token steps of ~70 ms against ~49 ms for these tiles (pp512).
     # 3 stages of 128 x 128 tiles exceed the H200's 227 KiB of shared memory for some types

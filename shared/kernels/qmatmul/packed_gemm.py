@@ -1,0 +1,247 @@
+"""The decode-batch and prefill GEMM over a packed quantized weight (two activation rows and up).
+
+A program owns a ``[BLOCK_M, BLOCK_N]`` output tile, rounds each dequantized field of a chunk
+(``packed_chunk.group``) to the activation dtype (as the dense reference rounds its dequantized
+weight) and accumulates ``tl.dot`` products on the tensor cores in float32: one dot per field
+(K = W), or with ``WIDE`` one per chunk (K = W * G: the fields joined into one tile, so one
+tensor-core step and barrier a chunk instead of G). When the output tiles leave SMs idle (decode
+batches: N / BLOCK_N programs would each walk all of K) the chunk loop is split over a third
+grid axis and the float32 partials are added by ``sum_splits_kernel``.
+
+Used through ``packed_matmul``; reference ``x @ unpack(pw).T`` (tests/test_kernel_packed_matmul.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shared.kernels.device import num_sms
+from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
+from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
+
+__all__ = ["SMALL_TILE", "fields", "launch_gemm", "planes", "strides", "sum_splits_kernel"]
+
+
+def planes(pw: PackedWeight) -> tuple[torch.Tensor, ...]:
+    # absent planes are passed as q (never read: the kernel's QTYPE branch skips them)
+    return tuple(t if t is not None else pw.q for t in (pw.q, pw.hi, pw.sc, pw.mn, pw.d, pw.dmin))
+
+
+def strides(pw: PackedWeight) -> tuple[int, int, int]:
+    sc = pw.sc if pw.sc is not None else pw.d
+    return pw.q.stride(0), sc.stride(0), pw.d.stride(0)
+
+
+def fields(pw: PackedWeight) -> dict[str, int]:
+    words = WORDS[pw.qtype]
+    hi = pw.hi is not None
+    return {"QTYPE": int(pw.qtype), "HI": hi, "W": words, "G": CHUNK[pw.qtype] // words}
+
+
+@triton.jit
+def sum_splits_kernel(part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[n] = sum_s part[s, n] in float32, stored in out's dtype (one launch for split-K)."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(part_ptr + s * N + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemm_chunk(
+    acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    s0, s1, m0, m1, d, dmin = load_meta(
+        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+    )
+    for j in tl.static_range(G):
+        # the magic as an immediate here: in a register it made this loop longer (kernel_sass)
+        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+        xj = tl.load(x_rows + c * (W * G) + j * W, mask=mmask[:, None], other=0.0)
+        acc = _dot_acc(acc, xj, val, INTERPRETED)
+    return acc
+
+
+@triton.jit
+def _chunk_tile(
+    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    w, wh, h, s0, s1, m0, m1, d, dmin,
+):  # fmt: skip
+    """All G fields of a chunk as one [BLOCK_N, W * G] float32 tile in the chunk's element
+    order (column W * j + i: field j of word i). Each join appends an axis of 2, so after the
+    joins the field's bits run from the first new axis (bit 0) to the last: reversing those
+    axes in front of the words' axis puts field j at the major position."""
+    mg: tl.constexpr = 0x4B000000
+    f0 = group(QTYPE, HI, 0, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+    f1 = group(QTYPE, HI, 1, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+    f2 = group(QTYPE, HI, 2, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+    f3 = group(QTYPE, HI, 3, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+    t = tl.join(tl.join(f0, f1), tl.join(f2, f3))  # [BN, W, b0, b1]
+    if G == 4:
+        t = tl.permute(t, (0, 3, 2, 1))
+    else:
+        f4 = group(QTYPE, HI, 4, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+        f5 = group(QTYPE, HI, 5, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+        f6 = group(QTYPE, HI, 6, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+        f7 = group(QTYPE, HI, 7, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+        t = tl.join(t, tl.join(tl.join(f4, f5), tl.join(f6, f7)))  # [BN, W, b0, b1, b2]
+        if G == 8:
+            t = tl.permute(t, (0, 4, 3, 2, 1))
+        else:
+            f8 = group(QTYPE, HI, 8, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+            f9 = group(QTYPE, HI, 9, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+            f10 = group(QTYPE, HI, 10, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+            f11 = group(QTYPE, HI, 11, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+            f12 = group(QTYPE, HI, 12, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+            f13 = group(QTYPE, HI, 13, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+            f14 = group(QTYPE, HI, 14, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+            f15 = group(QTYPE, HI, 15, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
+            upper = tl.join(tl.join(f8, f9), tl.join(f10, f11))
+            t = tl.join(t, tl.join(upper, tl.join(tl.join(f12, f13), tl.join(f14, f15))))
+            t = tl.permute(t, (0, 5, 4, 3, 2, 1))
+    return tl.reshape(t, (w.shape[0], W * G))
+
+
+@triton.jit
+def _gemm_chunk_wide(
+    acc, c, x_base, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """One dot of K = W * G a chunk (not G dots of K = W): fewer, larger tensor-core steps."""
+    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    s0, s1, m0, m1, d, dmin = load_meta(
+        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+    )
+    tile = _chunk_tile(QTYPE, HI, W, G, w, wh, h, s0, s1, m0, m1, d, dmin)
+    cols = c * (W * G) + tl.arange(0, W * G)
+    xs = tl.load(x_base + cols[None, :], mask=mmask[:, None], other=0.0)
+    return _dot_acc(acc, xs, tile, INTERPRETED)
+
+
+@triton.jit
+def _gemm_step(
+    acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
+    WIDE: tl.constexpr, INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    if WIDE:
+        acc = _gemm_chunk_wide(
+            acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+            stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
+        )  # fmt: skip
+    else:
+        acc = _gemm_chunk(
+            acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+            stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
+        )  # fmt: skip
+    return acc
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr,  # [M, K] activations
+    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    out_ptr,  # [M, N], or [SPLITS, M, N] float32 partials (split-K)
+    M, N, n_chunks, per_split, stride_xm, stride_om, stride_os, stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr,
+    HI: tl.constexpr,
+    W: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WIDE: tl.constexpr,  # one dot of K = W * G a chunk (_gemm_chunk_wide)
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    # m varies fastest, so programs that run together share (and dequantize) one weight tile
+    rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rows_m < M
+    nmask = rows < N
+    c0 = tl.program_id(2) * per_split
+    c1 = tl.minimum(c0 + per_split, n_chunks)
+    i = tl.arange(0, W)
+    x_rows = x_ptr + rows_m[:, None] * stride_xm + i[None, :]
+    if WIDE:
+        x_rows = x_ptr + rows_m[:, None] * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if INTERPRETED:
+        c = c0
+        while c < c1:
+            acc = _gemm_step(
+                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
+                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, INTERPRETED,
+            )  # fmt: skip
+            c += 1
+    else:
+        for c in range(c0, c1):
+            acc = _gemm_step(
+                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
+                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, INTERPRETED,
+            )  # fmt: skip
+    out = out_ptr + tl.program_id(2) * stride_os + rows_m[:, None] * stride_om + rows[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _dot_acc(acc, x, w, INTERPRETED: tl.constexpr):
+    """acc + x @ w.T with w (float32 values) rounded to x's dtype first."""
+    if x.dtype == tl.float32:
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    if INTERPRETED:
+        # Its float32 -> bfloat16 cast truncates and its 16-bit dots multiply bit patterns:
+        # round to nearest even by hand and multiply the rounded values in float32.
+        if x.dtype == tl.bfloat16:
+            bits = w.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            wr = bits.to(tl.float32, bitcast=True)
+        else:
+            wr = w.to(x.dtype).to(tl.float32)
+        return tl.dot(x.to(tl.float32), tl.trans(wr), acc, input_precision="ieee")
+    return tl.dot(x, tl.trans(w.to(x.dtype)), acc)
+
+
+# fits any type and activation dtype
+SMALL_TILE = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
+
+
+def launch_gemm(x, pw, out, cfg, interp) -> None:
+    m, n = out.shape
+    n_chunks = pw.shape[1] // CHUNK[pw.qtype]
+    tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    splits = cfg.get("SPLIT_K") or _auto_split(tiles[0] * tiles[1], n_chunks, x.device)
+    per_split = triton.cdiv(n_chunks, splits)
+    splits = triton.cdiv(n_chunks, per_split)
+    target = out
+    if splits > 1:  # float32 partials, added by one more launch
+        target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    _gemm_kernel[(*tiles, splits)](
+        x, *planes(pw), target, m, n, n_chunks, per_split, x.stride(0), n, m * n,
+        *strides(pw), **fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        WIDE=bool(cfg.get("WIDE")), INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
+        num_stages=cfg.get("num_stages", 2),
+    )  # fmt: skip
+    if splits > 1:
+        grid = (triton.cdiv(m * n, 1024),)
+        sum_splits_kernel[grid](target, out, m * n, SPLITS=splits, BLOCK=1024)
+
+
+def _auto_split(tiles: int, n_chunks: int, device: torch.device) -> int:
+    """Split-K for a decode-batch GEMM whose output tiles leave SMs idle: N / BLOCK_N programs
+    would each walk all of K (16-56 chunks for Llama-3-8B) one chunk after another."""
+    if device.type != "cuda":
+        return 1
+    target = 2 * num_sms(device)
+    if tiles >= target:
+        return 1
+    return max(1, min(triton.cdiv(target, tiles), 8, n_chunks // 2))

@@ -68,7 +68,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         # the factored GEMV (packed_gemv): one row a thread, about half the instructions a weight
         out += [
             {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, "FACTOR": 1}
-            for b, w in ((32, 1), (64, 2), (128, 4))
+            for b, w in ((64, 2), (64, 4), (128, 4))  # (32, 1) hits 255 registers for Q4_K
             for s in (1, 2, 4, 8)
         ]
         return out

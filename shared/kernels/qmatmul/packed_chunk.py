@@ -154,6 +154,24 @@ def _two_bit(QTYPE: tl.constexpr, J: tl.constexpr, w, wh, h, s0, s1, d, dmin, mg
 
 
 @triton.jit
+def _nibble_scale(QTYPE: tl.constexpr, J: tl.constexpr, s0, s1, m0, m1, d, dmin):
+    """Sub-block J of a 4- or 5-bit type: (scale, shift), weight = code * scale - shift, both
+    exact in float32."""
+    if QTYPE >= Q4_K:  # Q4_K, Q5_K: (d * sc) * q - dmin * mn
+        scale = d * _byte(s0, s0, J).to(tl.float32)
+        shift = dmin * _byte(m0, m0, J).to(tl.float32)
+    else:  # Q4_0, Q5_0: d * (q - bias); Q4_1, Q5_1: d * q + m
+        scale = _half(s0, s1, J)
+        if QTYPE % 2 == 1:
+            shift = -_half(m0, m1, J)
+        elif QTYPE == Q4_0:
+            shift = 8.0 * scale
+        else:
+            shift = 16.0 * scale
+    return scale, shift
+
+
+@triton.jit
 def group(
     QTYPE: tl.constexpr,
     HI: tl.constexpr,  # the type has a high-bit plane (Q5_0, Q5_1, Q5_K, Q6_K)
@@ -193,17 +211,7 @@ def group(
         src = w
         if J >= 4:
             src = wh
-        if QTYPE >= Q4_K:  # Q4_K, Q5_K: (d * sc) * q - dmin * mn
-            scale = d * _byte(s0, s0, J).to(tl.float32)  # exact
-            shift = dmin * _byte(m0, m0, J).to(tl.float32)  # exact
-        else:  # Q4_0, Q5_0: d * (q - bias); Q4_1, Q5_1: d * q + m
-            scale = _half(s0, s1, J)
-            if QTYPE % 2 == 1:
-                shift = -_half(m0, m1, J)
-            elif QTYPE == Q4_0:
-                shift = 8.0 * scale
-            else:
-                shift = 16.0 * scale
+        scale, shift = _nibble_scale(QTYPE, J, s0, s1, m0, m1, d, dmin)
         q = _as_float(src & (0xF << P), mg)  # q * 2^P
         s_lo = scale * (1.0 / (1 << P))
         if HI:
@@ -280,16 +288,6 @@ def fields(
         q = _as_float(src & (0xF << P), mg)
         if HI:
             q = _plus_high(q, h, 1 << J, P + 4, mg)
-        if QTYPE >= Q4_K:
-            a = (d * (1.0 / (1 << P))) * _byte(s0, s0, J).to(tl.float32)
-            b = dmin * _byte(m0, m0, J).to(tl.float32)
-        else:
-            scale = _half(s0, s1, J)
-            a = scale * (1.0 / (1 << P))
-            if QTYPE % 2 == 1:
-                b = -_half(m0, m1, J)
-            elif QTYPE == Q4_0:
-                b = 8.0 * scale
-            else:
-                b = 16.0 * scale
+        scale, b = _nibble_scale(QTYPE, J, s0, s1, m0, m1, d, dmin)
+        a = scale * (1.0 / (1 << P))
     return q, a, b

@@ -52,25 +52,6 @@ def sum_splits_kernel(part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.cons
 
 
 @triton.jit
-def _gemm_chunk(
-    acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-    stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
-    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
-    s0, s1, m0, m1, d, dmin = load_meta(
-        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
-    )
-    for j in tl.static_range(G):
-        # the magic as an immediate here: in a register it made this loop longer (kernel_sass)
-        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
-        xj = tl.load(x_rows + c * (W * G) + j * W, mask=mmask[:, None], other=0.0)
-        acc = _dot_acc(acc, xj, val, INTERPRETED)
-    return acc
-
-
-@triton.jit
 def _chunk_tile(
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
     w, wh, h, s0, s1, m0, m1, d, dmin,
@@ -111,40 +92,29 @@ def _chunk_tile(
 
 
 @triton.jit
-def _gemm_chunk_wide(
-    acc, c, x_base, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-    stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
-    """One dot of K = W * G a chunk (not G dots of K = W): fewer, larger tensor-core steps."""
-    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
-    s0, s1, m0, m1, d, dmin = load_meta(
-        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
-    )
-    tile = _chunk_tile(QTYPE, HI, W, G, w, wh, h, s0, s1, m0, m1, d, dmin)
-    cols = c * (W * G) + tl.arange(0, W * G)
-    xs = tl.load(x_base + cols[None, :], mask=mmask[:, None], other=0.0)
-    return _dot_acc(acc, xs, tile, INTERPRETED)
-
-
-@triton.jit
 def _gemm_step(
     acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
     stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
     WIDE: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
+    """Chunk c into acc: one dot a field (K = W, x_rows at column 0 of the field), or with WIDE
+    one dot of K = W * G (x_rows at the row starts): fewer, larger tensor-core steps."""
+    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    s0, s1, m0, m1, d, dmin = load_meta(
+        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+    )
     if WIDE:
-        acc = _gemm_chunk_wide(
-            acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-            stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
-        )  # fmt: skip
+        tile = _chunk_tile(QTYPE, HI, W, G, w, wh, h, s0, s1, m0, m1, d, dmin)
+        cols = c * (W * G) + tl.arange(0, W * G)
+        xs = tl.load(x_rows + cols[None, :], mask=mmask[:, None], other=0.0)
+        acc = _dot_acc(acc, xs, tile, INTERPRETED)
     else:
-        acc = _gemm_chunk(
-            acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-            stride_q, stride_s, stride_d, QTYPE, HI, W, G, INTERPRETED,
-        )  # fmt: skip
+        for j in tl.static_range(G):
+            # the magic as an immediate: in a register it made this loop longer (kernel_sass)
+            val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+            xj = tl.load(x_rows + c * (W * G) + j * W, mask=mmask[:, None], other=0.0)
+            acc = _dot_acc(acc, xj, val, INTERPRETED)
     return acc
 
 

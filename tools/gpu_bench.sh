@@ -8,6 +8,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-cache
+source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 MODEL=/tmp/l3-8b-f16.gguf
 BUILD=/tmp/llama-build
 BATCH_TOKENS=${BATCH_TOKENS:-512}
@@ -46,6 +47,7 @@ if [ "${1:-}" = prepare ]; then
   skiff_down
   grep -E "ready|error|Error" "$OUT/skiff-8080.log" | head -20
   tail -3 /tmp/llama-build.log
+  cache_save
   exit 0
 fi
 
@@ -84,3 +86,4 @@ if [ -n "${LLAMA_BENCH:-}" ]; then  # W1 beside the serving runs: llama-bench on
   timeout 90 $BUILD/bin/llama-bench -m $MODEL -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl \
     2>/dev/null | tee -a "$R"
 fi
+cache_save

@@ -9,6 +9,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-cache
+source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
 STAGES=${STAGES:-"tests w1 sweep llama"}  # also: profile (ncu, tools/gpu_profile.sh)
@@ -43,11 +44,12 @@ esac
 case " $STAGES " in *" llama "*)  # (at most 8 files come back from $OUT)
   models > /dev/null 2>&1
   for _ in $(seq 1 300); do [ -x $BUILD/bin/llama-bench ] && break; sleep 1; done
-  tail -3 /tmp/llama-build.log >> "$OUT/llama-bench.err"
+  tail -3 /tmp/llama-build.log
   for t in $TYPES; do
     timeout 90 $BUILD/bin/llama-bench -m /tmp/l3-$t.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o jsonl \
-      2>>"$OUT/llama-bench.err" | tee -a "$OUT/w1-llama.jsonl"
+      2>/dev/null | tee -a "$OUT/w1-llama.jsonl"
   done ;;
 esac
 python3 -m tools.w1_table "$OUT/w1-skiff.jsonl" "$OUT/w1-llama.jsonl" 2>/dev/null  # the reply shows it
+cache_save
 exit 0

@@ -8,6 +8,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_MODELS_DIR=$PWD/.device/models
+source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_CACHE_DIR=/tmp/skiff-cache
 export SKIFF_TEST_TIMES=$OUT/test-times.txt  # per-test seconds, kept even if a stage is cut off
 M=.device/models
@@ -39,4 +40,5 @@ if [ -n "${SKIFF_SMOLLM2:-}" ]; then
   python3 -m shared.cli generate "$SKIFF_SMOLLM2" "What is the capital of France? Answer in one \
 sentence, then explain why it matters." --chat --device cuda --max-tokens 96 2>&1 | tee -a "$OUT/cli.txt"
 fi
+cache_save
 exit $rc

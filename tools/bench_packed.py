@@ -20,6 +20,8 @@ import triton.testing
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
+from shared.kernels.qmatmul.packed_dequant import dequantize_packed
+from shared.kernels.qmatmul.packed_matmul import default_config
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 from shared.kernels.qmatmul.tuning import candidates
 from shared.quant import block_geometry
@@ -38,12 +40,34 @@ def timed(x: torch.Tensor, pw, copies, cfg: dict | None) -> float:
         return float("inf")
 
 
+def families(m: int, n: int, k: int, device: torch.device) -> list[dict]:
+    """The default tiles and one config of each alternative kernel family for this M."""
+    base = default_config(m, n, k, device)
+    if m == 1:
+        return [base, {"BLOCK_N": 64, "num_warps": 2, "FACTOR": 1},
+                {"BLOCK_N": 64, "num_warps": 4, "FACTOR": 1}]  # fmt: skip
+    if m <= 64:
+        return [base, {**base, "WIDE": 0 if base.get("WIDE") else 1}]
+    return [base, {"DEQUANT": 1}]
+
+
+def label(cfg: dict) -> str:
+    for key in ("FACTOR", "WIDE", "DEQUANT"):
+        if cfg.get(key):
+            return f"{key.lower()}({cfg.get('BLOCK_N', '')},{cfg.get('num_warps', '')})"
+    return f"tiles({cfg.get('BLOCK_M', 1)}x{cfg['BLOCK_N']},{cfg.get('num_warps', '')})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K", "Q8_0"])
     parser.add_argument("--m", nargs="+", type=int, default=[1, 16, 64, 512])
     parser.add_argument("--shapes", type=int, default=len(SHAPES), help="first N shapes only")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--families", action="store_true",
+        help="time the default tiles beside one config of each other kernel family only",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_packed needs a CUDA device", file=sys.stderr)
@@ -60,8 +84,18 @@ def main(argv: list[str] | None = None) -> int:
             dense = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
             for m in args.m:
                 x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
-                cands = candidates(m, pw)
-                results = [(timed(x, pw, copies, c), c) for c in cands[:: 3 if args.quick else 1]]
+                cands = candidates(m, pw)[:: 3 if args.quick else 1]
+                if args.families:
+                    cands = families(m, n, k, x.device)
+                results = [(timed(x, pw, copies, c), c) for c in cands]
+                if args.families:  # each family's time, then the usual line
+                    times = "  ".join(f"{label(c)} {t * 1e3:.1f} us" for t, c in results)
+                    print(f"{name:<5}{n:>7}{k:>6} M={m:<4} {times}")
+                    if m > 64:
+                        copy_fn = lambda pw=pw: dequantize_packed(pw, torch.bfloat16)  # noqa: E731
+                        dq = triton.testing.do_bench(copy_fn)
+                        print(f"{'':18} dense copy alone {dq * 1e3:.1f} us "
+                              f"({n * k * 2 / dq / 1e6:.0f} GB/s written)")  # fmt: skip
                 ms, cfg = min(results, key=lambda r: r[0])
                 ms_default = timed(x, pw, copies, None)
                 if m <= 64:

@@ -159,7 +159,7 @@ def packed_matmul(
     cfg = config or default_config(m, n, k, x.device)
     interp = interpreted(_gemv_kernel)
     if m == 1:
-        splits = cfg.get("SPLIT_K", 1)
+        splits = cfg.get("SPLIT_K") or _gemv_split(n, cfg["BLOCK_N"], x.device)
         per_split = triton.cdiv(n_chunks, splits)
         splits = triton.cdiv(n_chunks, per_split)
         unroll = per_split if cfg.get("UNROLL") else 0
@@ -196,6 +196,15 @@ def packed_matmul(
     return out
 
 
+def _gemv_split(n: int, block_n: int, device: torch.device) -> int:
+    """Split-K for a GEMV whose row tiles alone leave SMs idle: about four programs an SM."""
+    tiles = triton.cdiv(n, block_n)
+    target = 4 * num_sms(device)
+    if device.type != "cuda" or tiles >= target:
+        return 1
+    return min(triton.cdiv(target, tiles), 8)
+
+
 def default_config(
     m: int, n: int, k: int, device: torch.device, block_n: int = 16
 ) -> dict[str, int]:
@@ -203,12 +212,7 @@ def default_config(
     is split until there are about four programs per SM (the H200's measured winners: 16-row
     tiles, 4 warps, 512 programs for 4096 x 4096 and 1024 x 4096), partials summed afterwards."""
     if m == 1:
-        tiles = triton.cdiv(n, block_n)
-        target = 4 * num_sms(device)
-        split = 1
-        if device.type == "cuda" and tiles < target:
-            split = min(triton.cdiv(target, tiles), 8)
-        return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
+        return {"BLOCK_N": block_n, "SPLIT_K": _gemv_split(n, block_n, device), "num_warps": 4}
     if m <= 16:
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:

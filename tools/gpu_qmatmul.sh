@@ -38,7 +38,7 @@ case " $STAGES " in *" w1 "*)
 esac
 cp /tmp/skiff-cache/qmatmul-tuning.json "$OUT/" 2>/dev/null  # measured tiles: ship them (tuned/)
 case " $STAGES " in *" sweep "*)
-  timeout ${SWEEP_S:-150} python3 -m tools.bench_packed --quick ${SWEEP_ARGS:-} 2>&1 \
+  timeout ${SWEEP_S:-150} python3 -m tools.bench_packed ${SWEEP_ARGS:---families} 2>&1 \
     | tee "$OUT/sweep.txt" ;;
 esac
 case " $STAGES " in *" llama "*)  # (at most 8 files come back from $OUT)

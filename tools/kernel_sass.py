@@ -102,6 +102,64 @@ def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: 
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
+class _CompileOnlyDriver:
+    """Stands in for Triton's CUDA driver so that a wrapper's own launches compile (the JIT's
+    warmup path, with its real argument specialization) on a machine without a GPU."""
+
+    def __init__(self, arch: int) -> None:
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device=None) -> int:
+        return 0
+
+    def get_current_target(self) -> GPUTarget:
+        return self.target
+
+    def is_active(self) -> bool:
+        return True
+
+
+def compile_attention(kv: str, query_len: int, arch: int = 90):
+    """The paged-attention kernel as ``paged_attention`` launches it for a Llama-3-8B-like batch
+    (16 sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache."""
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    import shared.kernels.paged_attention as pa
+
+    compiled = {}
+
+    def compile_only(self, grid):
+        return lambda *args, **kw: compiled.setdefault(
+            self.fn.__name__, self.warmup(*args, grid=grid, **kw)
+        )
+
+    saved = (JITFunction.__getitem__, pa._native_fp8, pa._num_sms, driver._active)
+    driver.set_active(_CompileOnlyDriver(arch))
+    JITFunction.__getitem__ = compile_only
+    pa._native_fp8, pa._num_sms = (lambda device: True), (lambda device: 132)
+    try:
+        b, ctx, bs, n_kv, hd = 16, 32768, 16, 8, 128
+        blocks = b * ctx // bs
+        kv_dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+        k = torch.empty(blocks, bs, n_kv, hd, dtype=kv_dtype)
+        q = torch.empty(b * query_len, 4 * n_kv, hd, dtype=torch.bfloat16)
+        table = torch.arange(blocks, dtype=torch.int32).reshape(b, -1)
+        starts = torch.arange(b + 1, dtype=torch.int32) * query_len
+        lens = torch.full((b,), ctx, dtype=torch.int32)
+        scales = torch.empty(blocks, bs, n_kv) if kv == "fp8" else None
+        pa.paged_attention(
+            q, k, torch.empty_like(k), table, starts, lens, 0.088, max_query_len=query_len,
+            k_scale=scales, v_scale=scales, max_seq_len=ctx,
+        )  # fmt: skip
+    finally:
+        JITFunction.__getitem__, pa._native_fp8, pa._num_sms, driver._active = saved
+    return compiled["_paged_attention_kernel"]
+
+
 def loop_stats(cubin: bytes) -> tuple[int, Counter]:
     """Instructions of the longest loop (the longest backward branch) and its opcode counts."""
     tool = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -137,6 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("kernel_sass: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
         return 2
+    for kv in ("bf16", "fp8"):
+        for query_len in (1, 64):  # decode, prefill
+            what = f"attention {kv} KV, {query_len} queries a sequence"
+            try:
+                compiled = compile_attention(kv, query_len, args.arch)
+            except Exception as exc:  # noqa: BLE001 - report which kernel and why
+                print(f"{what}: FAILED: {type(exc).__name__}: {exc}")
+                return 1
+            count, ops = loop_stats(compiled.asm["cubin"])
+            top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
+            done = "compiled for sm_" + str(args.arch) if args.check else f"loop {count} | {top}"
+            print(f"{what}: {done}")
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemm", 16, 4), ("gemm-w", 16, 4), ("gemm", 64, 4),
              ("gemm-w", 64, 4), ("dequant", 1, 4))  # fmt: skip

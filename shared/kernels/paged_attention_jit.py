@@ -34,11 +34,14 @@ def _fp8_e4m3_from_bytes(x):
 
 
 @triton.jit
-def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr):
-    if KV_FP8:  # `other` cannot be cast to fp8: zero the masked lanes after decoding
+def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr, DTYPE: tl.constexpr):
+    """K or V values in DTYPE (the dot's; FP8 values are exact in fp16/bf16), 0 where masked."""
+    if FP8_FROM_BYTES:  # `other` cannot be cast to fp8: zero the masked lanes after decoding
         x = tl.load(ptrs, mask=mask)
-        x = _fp8_e4m3_from_bytes(x) if FP8_FROM_BYTES else x.to(tl.float32)
-        x = tl.where(mask, x, 0.0)
+        x = tl.where(mask, _fp8_e4m3_from_bytes(x), 0.0).to(DTYPE)
+    elif KV_FP8:  # the byte 0 is +0.0 in e4m3: load bytes with 0 as `other`, convert once
+        raw = tl.load(ptrs.to(tl.pointer_type(tl.uint8)), mask=mask, other=0)
+        x = raw.to(tl.float8e4nv, bitcast=True).to(DTYPE)
     else:
         x = tl.load(ptrs, mask=mask, other=0.0)
     return x
@@ -104,9 +107,9 @@ def _attend_tile(
     d_ok = d < HEAD_DIM
 
     k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
-    k = _load_kv(k_ptr + k_off, d_ok[:, None] & key_ok[None, :], KV_FP8, FP8_FROM_BYTES)
+    k = _load_kv(k_ptr + k_off, d_ok[:, None] & key_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
-    s = _dot(q, k.to(q.dtype), None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
+    s = _dot(q, k, None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
     if KV_FP8:
         ks = tl.load(k_scale_ptr + block * stride_ks_b + slot * stride_ks_t, mask=key_ok, other=0)
         s = s * (ks.to(tl.float32) * qk_scale)[None, :]
@@ -124,10 +127,15 @@ def _attend_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
 
     v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
-    v = _load_kv(v_ptr + v_off, key_ok[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES)
+    v = _load_kv(v_ptr + v_off, key_ok[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     if KV_FP8:
         vs = tl.load(v_scale_ptr + block * stride_vs_b + slot * stride_vs_t, mask=key_ok, other=0)
-        v = v * vs.to(tl.float32)[:, None]
+        if q.shape[0] < BLOCK_D:
+            # fewer score rows than head dims (decode): V's per-token scale goes into the
+            # probabilities, p @ (v * s) = (p * s) @ v, one multiply per score, not per value
+            p = p * vs.to(tl.float32)[None, :]
+        else:
+            v = (v.to(tl.float32) * vs.to(tl.float32)[:, None]).to(q.dtype)
     p = _cast(p, q.dtype, INTERPRETED)
     v = _cast(v, q.dtype, INTERPRETED)
     acc = _dot(p, v, acc * alpha[:, None], DOT_PRECISION, INTERPRETED)

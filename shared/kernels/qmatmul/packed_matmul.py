@@ -138,12 +138,11 @@ def packed_matmul(
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
-    config overrides the tiling: ``BLOCK_N``, ``SPLIT_K``, ``num_warps`` and ``UNROLL`` (1: each
-    program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV of
-    ``packed_gemv``) for M = 1; ``BLOCK_M``, ``BLOCK_N``,
-    ``num_warps``, ``num_stages`` and ``SPLIT_K`` (absent: split when the tiles leave SMs idle)
-    above, or ``DEQUANT`` (1: a dense copy of the weight in x's
-    dtype, then torch's matmul).
+    config overrides the tiling. M = 1: ``BLOCK_N``, ``num_warps``, ``SPLIT_K`` and ``UNROLL``
+    (1: each program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV
+    of ``packed_gemv``). M > 1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
+    ``SPLIT_K`` and ``WIDE`` (one dot a chunk), or ``DEQUANT`` (1: a dense copy of the weight in
+    x's dtype, then torch's matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle.
     """
     n, k = pw.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:

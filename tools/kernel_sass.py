@@ -60,26 +60,28 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
               "G": CHUNK[pw.qtype] // WORDS[pw.qtype], "INTERPRETED": False}  # fmt: skip
     chunks = k // CHUNK[pw.qtype]
     out = torch.empty(m, n, dtype=torch.float32)
+    act = int(kind.endswith("-act"))  # the gated SiLU epilogue
+    kind = kind.removesuffix("-act")
     if kind == "gemv":
         args = [x, *_planes(pw), out, n, chunks, chunks // 2, *strides, n, MAGIC]
-        return mm._gemv_kernel, args, {**fields, "BLOCK_N": 16, "UNROLL": 0}
+        return mm._gemv_kernel, args, {**fields, "BLOCK_N": 16, "UNROLL": 0, "ACT": act}
     if kind == "gemv-f":  # the factored GEMV (packed_gemv), float32 activations and V-sums
         gv = importlib.import_module("shared.kernels.qmatmul.packed_gemv")
         xf, xs = torch.empty(k, dtype=torch.float32), torch.empty(k // 4, dtype=torch.float32)
         args = [xf, xs, *_planes(pw), out, n, chunks, chunks // 2, *strides, n, MAGIC]
-        return gv.gemv_factored_kernel, args, {**fields, "BLOCK_N": 64, "V": 4}
+        return gv.gemv_factored_kernel, args, {**fields, "BLOCK_N": 64, "V": 4, "ACT": act}
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]
         return dq._dequant_kernel, args, {**fields, "BLOCK_N": 32}
     args = [x, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
-    wide = kind == "gemm-w"  # one dot a chunk
-    return gm._gemm_kernel, args, {**fields, "BLOCK_M": min(m, 64), "BLOCK_N": 32, "WIDE": wide}
+    tiles = {"BLOCK_M": min(m, 64), "BLOCK_N": 32, "WIDE": kind == "gemm-w", "ACT": act}
+    return gm._gemm_kernel, args, {**fields, **tiles}
 
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
     """kind: gemv, gemv-f (factored), gemm or gemm-w (one dot a chunk; M rows, BLOCK_M =
-    min(M, 64)) or dequant."""
+    min(M, 64)) or dequant; "-act" adds the gated SiLU epilogue."""
     pw = _weight(qtype, 4096, 4096)
     fn, args, consts = _launch_args(kind, pw, m)
     names = fn.arg_names
@@ -209,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{what}: {done}")
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemm", 16, 4), ("gemm-w", 16, 4), ("gemm", 64, 4),
-             ("gemm-w", 64, 4), ("dequant", 1, 4))  # fmt: skip
+             ("gemm-w", 64, 4), ("dequant", 1, 4), ("gemv-act", 1, 4), ("gemv-f-act", 1, 2),
+             ("gemm-w-act", 64, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
             try:
@@ -221,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{qtype.name} {kind} M={m}: compiled for sm_{args.arch}")
                 continue
             count, ops = loop_stats(compiled.asm["cubin"])
-            rows = {"gemv": 16, "gemv-f": 64}.get(kind, 32)
+            rows = {"gemv": 16, "gemv-f": 64}.get(kind.removesuffix("-act"), 32)
             weights = rows * CHUNK[qtype] / (warps * 32)
             top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
             print(f"{qtype.name:5} {kind:7} M={m:<3} loop {count:5} per thread per chunk, "

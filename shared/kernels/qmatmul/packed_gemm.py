@@ -17,11 +17,21 @@ import torch
 import triton
 import triton.language as tl
 
+from shared.kernels.activation import _gelu_tanh, _silu
 from shared.kernels.device import num_sms
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
 
-__all__ = ["SMALL_TILE", "fields", "launch_gemm", "planes", "strides", "sum_splits_kernel"]
+__all__ = [
+    "SMALL_TILE",
+    "fields",
+    "gated",
+    "launch_gemm",
+    "planes",
+    "store_rows",
+    "strides",
+    "sum_splits_kernel",
+]
 
 
 def planes(pw: PackedWeight) -> tuple[torch.Tensor, ...]:
@@ -41,13 +51,47 @@ def fields(pw: PackedWeight) -> dict[str, int]:
 
 
 @triton.jit
-def sum_splits_kernel(part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    """out[n] = sum_s part[s, n] in float32, stored in out's dtype (one launch for split-K)."""
+def gated(g, u, ACT: tl.constexpr):
+    """act(gate) * up in float32: ACT 1 SiLU, 2 GELU (tanh approximation)."""
+    if ACT == 1:  # noqa: SIM108 (a plain constexpr branch compiles everywhere)
+        a = _silu(g)
+    else:
+        a = _gelu_tanh(g, 0.7978845608028654)
+    return a * u
+
+
+@triton.jit
+def store_rows(out_ptr, y, rows, N, stride_os, BLOCK_N: tl.constexpr, ACT: tl.constexpr):
+    """A GEMV program's BLOCK_N results (at split program_id(1)), or with ACT the gated
+    activation of their gate/up pairs."""
+    if ACT:
+        g, u = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
+        half = tl.program_id(0).to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + half, gated(g, u, ACT).to(out_ptr.dtype.element_ty), mask=half < N // 2)
+    else:
+        out = out_ptr + tl.program_id(1) * stride_os + rows
+        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=rows < N)
+
+
+@triton.jit
+def sum_splits_kernel(
+    part_ptr, out_ptr, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr, ACT: tl.constexpr
+):
+    """out[i] = sum_s part[s, i] in float32, stored in out's dtype (one launch for split-K).
+    With ACT the partials hold interleaved gate/up outputs (gate at 2i, up at 2i + 1) and
+    out[i] = act(gate) * up, i < N."""
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        acc += tl.load(part_ptr + s * N + cols, mask=mask, other=0.0)
+    if ACT:
+        up = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in tl.static_range(SPLITS):
+            acc += tl.load(part_ptr + s * (2 * N) + 2 * cols, mask=mask, other=0.0)
+            up += tl.load(part_ptr + s * (2 * N) + 2 * cols + 1, mask=mask, other=0.0)
+        acc = gated(acc, up, ACT)
+    else:
+        for s in tl.static_range(SPLITS):
+            acc += tl.load(part_ptr + s * N + cols, mask=mask, other=0.0)
     tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -131,6 +175,7 @@ def _gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     WIDE: tl.constexpr,  # one dot of K = W * G a chunk (_gemm_chunk_wide)
+    ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up ([M, N / 2])
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     # m varies fastest, so programs that run together share (and dequantize) one weight tile
@@ -160,7 +205,14 @@ def _gemm_kernel(
                 nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, INTERPRETED,
             )  # fmt: skip
     out = out_ptr + tl.program_id(2) * stride_os + rows_m[:, None] * stride_om + rows[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+    if ACT:
+        g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        half = tl.program_id(1).to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        out = out_ptr + rows_m[:, None] * stride_om + half[None, :]
+        ok = mmask[:, None] & (half < N // 2)[None, :]
+        tl.store(out, gated(g, u, ACT).to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
 @triton.jit
@@ -185,25 +237,28 @@ def _dot_acc(acc, x, w, INTERPRETED: tl.constexpr):
 SMALL_TILE = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
 
 
-def launch_gemm(x, pw, out, cfg, interp) -> None:
-    m, n = out.shape
+def launch_gemm(x, pw, out, cfg, interp, act: int = 0) -> None:
+    """out = x @ unpack(pw).T ([M, N]), or with act the gated activation of its interleaved
+    gate/up columns ([M, N / 2])."""
+    m, n = out.shape[0], pw.shape[0]
     n_chunks = pw.shape[1] // CHUNK[pw.qtype]
     tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     splits = cfg.get("SPLIT_K") or _auto_split(tiles[0] * tiles[1], n_chunks, x.device)
     per_split = triton.cdiv(n_chunks, splits)
     splits = triton.cdiv(n_chunks, per_split)
     target = out
-    if splits > 1:  # float32 partials, added by one more launch
+    if splits > 1:  # float32 partials, added (and activated) by one more launch
         target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     _gemm_kernel[(*tiles, splits)](
-        x, *planes(pw), target, m, n, n_chunks, per_split, x.stride(0), n, m * n,
-        *strides(pw), **fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        WIDE=bool(cfg.get("WIDE")), INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
-        num_stages=cfg.get("num_stages", 2),
+        x, *planes(pw), target, m, n, n_chunks, per_split, x.stride(0), target.stride(-2),
+        m * n, *strides(pw), **fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        WIDE=bool(cfg.get("WIDE")), ACT=act if splits == 1 else 0, INTERPRETED=interp,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
     )  # fmt: skip
     if splits > 1:
-        grid = (triton.cdiv(m * n, 1024),)
-        sum_splits_kernel[grid](target, out, m * n, SPLITS=splits, BLOCK=1024)
+        total = out.numel()
+        grid = (triton.cdiv(total, 1024),)
+        sum_splits_kernel[grid](target, out, total, SPLITS=splits, BLOCK=1024, ACT=act)
 
 
 def _auto_split(tiles: int, n_chunks: int, device: torch.device) -> int:

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.qmatmul.packed_chunk import fields, load_meta
+from shared.kernels.qmatmul.packed_gemm import store_rows
 
 __all__ = ["gemv_factored_kernel", "prepare_x_kernel"]
 
@@ -78,6 +79,7 @@ def gemv_factored_kernel(
     G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
     V: tl.constexpr,  # adjacent words a thread sums over
+    ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -118,6 +120,4 @@ def gemv_factored_kernel(
             )  # fmt: skip
             w, wh, h = w2, wh2, h2
             s0, s1, m0, m1, d, dmin = t0, t1, n0, n1, e, emin
-    y = tl.sum(acc, axis=1)
-    out = out_ptr + tl.program_id(1) * stride_os + rows
-    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=nmask)
+    store_rows(out_ptr, tl.sum(acc, axis=1), rows, N, stride_os, BLOCK_N, ACT)

@@ -29,6 +29,7 @@ from shared.kernels.qmatmul.packed_gemm import (
     fields,
     launch_gemm,
     planes,
+    store_rows,
     strides,
     sum_splits_kernel,
 )
@@ -52,6 +53,7 @@ def _gemv_kernel(
     G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
     UNROLL: tl.constexpr,  # > 0: exactly this many chunks per program, unrolled (= per_split)
+    ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up ([N / 2])
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -95,9 +97,7 @@ def _gemv_kernel(
             )
             w, wh, h = w2, wh2, h2
             s0, s1, m0, m1, d, dmin = t0, t1, n0, n1, e, emin
-    y = tl.sum(acc, axis=1)
-    out = out_ptr + tl.program_id(1) * stride_os + rows
-    tl.store(out, y.to(out_ptr.dtype.element_ty), mask=nmask)
+    store_rows(out_ptr, tl.sum(acc, axis=1), rows, N, stride_os, BLOCK_N, ACT)
 
 
 @triton.jit
@@ -135,8 +135,13 @@ def packed_matmul(
     pw: PackedWeight,
     out_dtype: torch.dtype | None = None,
     config: dict[str, int] | None = None,
+    act: int = 0,
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
+
+    act 1 (SiLU) or 2 (GELU, tanh approximation): the rows of pw are gate/up pairs (row 2i the
+    gate of output i, 2i + 1 its up) and the result is ``act(gate) * up``, ``[M, N / 2]``,
+    computed from the float32 accumulators in the kernel's epilogue (no [M, N] intermediate).
 
     config overrides the tiling. M = 1: ``BLOCK_N``, ``num_warps``, ``SPLIT_K`` and ``UNROLL``
     (1: each program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV
@@ -149,9 +154,11 @@ def packed_matmul(
         raise ValueError(f"packed_matmul: x must be [M, {k}] float, got {tuple(x.shape)} {x.dtype}")
     if x.stride(1) != 1:
         x = x.contiguous()
+    if act not in ACTS or (act and n % 2):
+        raise ValueError(f"packed_matmul: act {act} for N={n} (0, 1 or 2; gate/up pairs)")
     out_dtype = out_dtype or x.dtype
     m = x.shape[0]
-    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    out = torch.empty((m, n // 2 if act else n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
     n_chunks = k // CHUNK[pw.qtype]
@@ -166,33 +173,44 @@ def packed_matmul(
         if splits > 1:
             target = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
+        epilogue = act if splits == 1 else 0  # else the partials' sum activates
         if cfg.get("FACTOR"):  # codes times activations summed first, scaled once a sub-block
             xf = torch.empty(k, dtype=torch.float32, device=x.device)
             xs = torch.empty(k // 4, dtype=torch.float32, device=x.device)
             prepare_x_kernel[(triton.cdiv(k, 1024),)](x, xf, xs, k, V=4, BLOCK=1024)
             gemv_factored_kernel[grid](
                 xf, xs, *planes(pw), target, n, n_chunks, per_split, *strides(pw), n, MAGIC,
-                **fields(pw), BLOCK_N=cfg["BLOCK_N"], V=4, INTERPRETED=interp,
+                **fields(pw), BLOCK_N=cfg["BLOCK_N"], V=4, ACT=epilogue, INTERPRETED=interp,
                 num_warps=cfg.get("num_warps", 4),
             )  # fmt: skip
         else:
             _gemv_kernel[grid](
                 x, *planes(pw), target, n, n_chunks, per_split, *strides(pw), n, MAGIC,
-                **fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, INTERPRETED=interp,
-                num_warps=cfg.get("num_warps", 4),
+                **fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, ACT=epilogue,
+                INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
             )  # fmt: skip
         if splits > 1:
-            grid = (triton.cdiv(n, 1024),)
-            sum_splits_kernel[grid](target, out, n, SPLITS=splits, BLOCK=1024)
+            grid = (triton.cdiv(out.numel(), 1024),)
+            sum_splits_kernel[grid](target, out, out.numel(), SPLITS=splits, BLOCK=1024, ACT=act)
         return out
     if cfg.get("DEQUANT"):  # prefill sizes: one pass to a dense copy, then the dense matmul
-        w = dequantize_packed(pw, x.dtype)
-        return torch.matmul(x, w.T, out=out) if out_dtype == x.dtype else (x @ w.T).to(out_dtype)
+        y = x @ dequantize_packed(pw, x.dtype).T
+        if act:
+            y = ACTS[act](y[:, 0::2].float(), y[:, 1::2].float())
+        return out.copy_(y)
     try:
-        launch_gemm(x, pw, out, cfg, interp)
+        launch_gemm(x, pw, out, cfg, interp, act)
     except triton.runtime.errors.OutOfResources:
-        launch_gemm(x, pw, out, SMALL_TILE, interp)  # a tile tuned for another dtype
+        launch_gemm(x, pw, out, SMALL_TILE, interp, act)  # a tile tuned for another dtype
     return out
+
+
+# the gated activations of act=: torch's, for the dense path
+ACTS = {
+    0: None,
+    1: lambda g, u: torch.nn.functional.silu(g) * u,
+    2: lambda g, u: torch.nn.functional.gelu(g, approximate="tanh") * u,
+}
 
 
 def _gemv_split(n: int, block_n: int, device: torch.device) -> int:

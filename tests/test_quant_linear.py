@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul import PACKED_TYPES
-from shared.model.linear import QuantLinear, SplitLinear
+from shared.model.linear import GatedLinear, QuantLinear, SplitLinear
 from shared.quant import dequantize
 from tests.test_kernel_packed_matmul import random_raw
 
@@ -55,6 +55,28 @@ def test_split_linear_fused_equals_separate() -> None:
     for a, b in zip(fused(x), separate(x), strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
+@pytest.mark.parametrize("m", [1, 5, 70])
+def test_gated_linear_equals_the_activation_of_gate_and_up(act: int, m: int) -> None:
+    f = 24
+    gate, up = (random_raw(T.Q4_K, f, K, seed=s).to(DEVICE) for s in (7, 8))
+    rows = torch.stack((gate, up), dim=1).reshape(2 * f, -1)  # as WeightLoader interleaves them
+    layer = GatedLinear(QuantLinear(rows, T.Q4_K, (2 * f, K), torch.float32, use_kernels=True), act)
+    x = torch.randn(2, m, K, device=DEVICE)
+    g = x.double() @ dequantize(gate, T.Q4_K, (f, K)).double().T
+    u = x.double() @ dequantize(up, T.Q4_K, (f, K)).double().T
+    want = (
+        torch.nn.functional.silu(g) if act == 1 else torch.nn.functional.gelu(g, approximate="tanh")
+    ) * u
+    got = layer(x)
+    assert got.shape == (2, m, f)
+    err = ((got.double() - want).norm() / want.norm()).item()
+    assert err < 1e-5, f"act {act} M={m}: relative error {err:.2e}"
+    layer.fused.kernel_error = "pretend the kernel did not build"  # the torch fallback
+    err = ((layer(x).double() - want).norm() / want.norm()).item()
+    assert err < 1e-5
 
 
 def test_a_kernel_that_fails_to_build_falls_back_to_dequantizing(monkeypatch) -> None:

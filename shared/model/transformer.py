@@ -69,12 +69,19 @@ class GatedMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, w: WeightLoader, layer: int, gelu: bool) -> None:
         super().__init__()
         p = f"blk.{layer}"
-        self.gate_up = w.split_linear(
-            [f"{p}.ffn_gate", f"{p}.ffn_up"], [cfg.ffn_dim, cfg.ffn_dim], cfg.d_model
+        # with the packed kernels: one matmul whose epilogue applies the activation
+        self.gated = w.gated_linear(
+            f"{p}.ffn_gate", f"{p}.ffn_up", cfg.ffn_dim, cfg.d_model, 2 if gelu else 1
         )
+        if self.gated is None:
+            self.gate_up = w.split_linear(
+                [f"{p}.ffn_gate", f"{p}.ffn_up"], [cfg.ffn_dim, cfg.ffn_dim], cfg.d_model
+            )
         self.down = w.linear(f"{p}.ffn_down", cfg.d_model, cfg.ffn_dim)
         self.act = w.ops.gelu_mul if gelu else w.ops.silu_mul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated is not None:
+            return self.down(self.gated(x))
         gate, up = self.gate_up(x)
         return self.down(self.act(gate, up))

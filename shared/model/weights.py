@@ -7,9 +7,11 @@ import warnings
 import numpy as np
 import torch
 
+from shared.kernels.qmatmul import PACKED_TYPES
+from shared.kernels.qmatmul.packed import CHUNK
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.loader import GGUFError, GGUFFile
-from shared.model.linear import QuantEmbedding, QuantLinear, SplitLinear
+from shared.model.linear import GatedLinear, QuantEmbedding, QuantLinear, SplitLinear
 from shared.model.ops_backend import TorchOps
 from shared.quant import SUPPORTED_TYPES, dequantize
 
@@ -106,6 +108,33 @@ class WeightLoader:
         )
         return SplitLinear([fused], outs)
 
+    def gated_linear(
+        self, gate: str, up: str, out: int, in_features: int, act: int
+    ) -> GatedLinear | None:
+        """act(gate) * up in one packed matmul (GatedLinear) when both weights have one packed
+        type and no bias, with the kernels; None otherwise (the caller multiplies them apart)."""
+        infos = [self.f.info(f"{name}.weight") for name in (gate, up)]
+        qtype = infos[0].qtype
+        if (
+            not self.use_kernels
+            or self.cache_dequantized
+            or infos[1].qtype != qtype
+            or qtype not in PACKED_TYPES
+            or in_features % CHUNK[qtype]
+            or self.has(f"{gate}.bias")
+            or self.has(f"{up}.bias")
+        ):
+            return None
+        g = self._raw(f"{gate}.weight", (out, in_features))[0]
+        u = self._raw(f"{up}.weight", (out, in_features))[0]
+        rows = torch.stack((g, u), dim=1).reshape(2 * out, -1)  # gate i, up i, gate i + 1, ...
+        del g, u
+        fused = QuantLinear(
+            rows, qtype, (2 * out, in_features), self.compute_dtype, use_kernels=True,
+            tuner=self.tuner,
+        )  # fmt: skip
+        return GatedLinear(fused, act)
+
     def embedding(self, name: str, vocab: int, dim: int) -> QuantEmbedding:
         raw, qtype = self._raw(name, (vocab, dim))
         return QuantEmbedding(raw, qtype, (vocab, dim), self.compute_dtype)
@@ -134,13 +163,15 @@ def tune_linears(model: torch.nn.Module) -> None:
     whose kernel fails dequantize in torch instead, with a warning) and measure their tiles for
     every distinct layer shape (once per device: cached on disk). Run before CUDA graphs are
     captured."""
-    errors: dict[int, str | None] = {}  # per type: why its kernel does not build, or None
+    # per type and epilogue: why its kernel does not build, or None
+    errors: dict[tuple[int, int], str | None] = {}
     for module in model.modules():
         if not isinstance(module, QuantLinear) or module.packed is None or not module.tuner:
             continue
-        if module.qtype not in errors:
+        key = (module.qtype, module.gated_act)
+        if key not in errors:
             module.kernel_builds()
-            errors[module.qtype] = module.kernel_error
+            errors[key] = module.kernel_error
             if module.kernel_error:
                 warnings.warn(
                     f"packed {module.qtype!r} matmul kernel unavailable on "
@@ -148,6 +179,6 @@ def tune_linears(model: torch.nn.Module) -> None:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-        module.kernel_error = errors[module.qtype]
+        module.kernel_error = errors[key]
         if module.kernel_error is None:
             module.tuner.tune(module.packed, module.compute_dtype)

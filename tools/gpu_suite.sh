@@ -26,7 +26,8 @@ rc=${PIPESTATUS[0]}
 timeout ${KERNEL_TESTS_S:-240} python3 -m pytest -q -rs -p no:cacheprovider -m "" \
   tests/test_kernel_paged_attention.py \
   tests/test_kernel_paged_attention_args.py tests/test_kernels_fused.py tests/test_triton_model.py \
-  tests/test_kernel_packed_gemv.py tests/test_kernel_packed_dequant.py tests/test_kernel_packed_matmul.py \
+  tests/test_kernel_packed_gemv.py tests/test_kernel_packed_dequant.py tests/test_kernel_packed_act.py \
+  tests/test_kernel_packed_matmul.py \
   tests/test_quant_linear.py tests/test_qmatmul_tuning.py 2>&1 | tee "$OUT/pytest-kernels.log"
 krc=${PIPESTATUS[0]}; [ $rc -eq 0 ] && rc=$krc
 if [ "${SKIFF_BENCH:-1}" = 1 ]; then

@@ -132,3 +132,28 @@ def test_tuner_times_every_bucket_on_cuda(tmp_path: Path, monkeypatch) -> None:
     # a second tuner reads the table and times nothing
     again = Tuner(torch.device("cuda"), cache_dir=tmp_path)
     assert again.config(pw, 1, torch.float16) == tuner.config(pw, 1, torch.float16)
+
+
+def test_quick_candidates_are_few_compiles_of_complete_configs() -> None:
+    from shared.kernels.qmatmul.tuning import quick_candidates
+
+    pw = pack(random_raw(T.Q4_K, 16, 4096, seed=0), T.Q4_K, (16, 4096))
+    quick = quick_candidates(pw)
+    assert all({"BLOCK_N", "SPLIT_K", "num_warps"} <= set(c) for c in quick)
+    compiles = {(c["BLOCK_N"], c["num_warps"], c.get("FACTOR", 0)) for c in quick}
+    assert len(compiles) == 5 and any(c.get("FACTOR") for c in quick)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="timing needs CUDA")
+def test_a_first_load_tunes_batch_one_decode_only(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("SKIFF_QMATMUL_TUNE", raising=False)
+    pw = pack(random_raw(T.Q8_0, 256, 512, seed=4).cuda(), T.Q8_0, (256, 512))
+    tuner = Tuner(torch.device("cuda"), cache_dir=tmp_path)
+    tuner.tune(pw, torch.bfloat16)
+    saved = json.loads((tmp_path / "qmatmul-tuning.json").read_text())
+    assert [key.split("|")[-2] for key in saved if "|256x512|" in key] == ["m1"]
+    monkeypatch.setenv("SKIFF_QMATMUL_TUNE", "0")
+    other = pack(random_raw(T.Q8_0, 128, 512, seed=5).cuda(), T.Q8_0, (128, 512))
+    tuner.tune(other, torch.bfloat16)  # off: nothing timed, nothing written
+    assert not any("|128x512|" in key for key in tuner.table)

@@ -11,6 +11,8 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_MODELS_DIR=$PWD/.devic
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_CACHE_DIR=/tmp/skiff-cache
 export SKIFF_TEST_TIMES=$OUT/test-times.txt  # per-test seconds, kept even if a stage is cut off
+# model tests on the default tiles (a load would time decode tiles; the tuner has its own tests)
+export SKIFF_QMATMUL_TUNE=${SKIFF_QMATMUL_TUNE:-0}
 M=.device/models
 [ -f $M/SmolLM2-135M-Instruct.Q4_1.gguf ] && export SKIFF_SMOLLM2=$PWD/$M/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f $M/gemma3-270m-q4_k_m.gguf ] && export SKIFF_GEMMA3=$PWD/$M/gemma3-270m-q4_k_m.gguf

@@ -7,11 +7,12 @@ the number of activation rows, so a ``Tuner`` times a few candidates per
 name and compute capability. Later loads read the file and time nothing. Unknown keys fall back
 to ``packed_matmul.default_config`` (tiles sized from the SM count).
 
-Timing is opt-in (``SKIFF_QMATMUL_TUNE=1``): each candidate is a compile of its own, and on the
-H200 one (type, shape) took about half a minute, so an 8B model tunes for many minutes. Tables
-measured once per kind of device ship in ``tuned/``; a device without one runs the defaults
-until it is tuned. With the variable set, the model loader tunes every packed layer shape
-before CUDA graphs are captured (timing cannot run inside a capture); tools/bench_packed.py
+A first load times batch-1 decode only, over ``quick_candidates`` (five compiles per weight type,
+shared by its shapes: seconds, not minutes); ``SKIFF_QMATMUL_TUNE=1`` times every bucket with
+every candidate (each candidate is a compile of its own: on the H200 one (type, shape) took
+about half a minute, an 8B model many minutes) and ``0`` times nothing. Tables measured once per
+kind of device ship in ``tuned/``. The model loader tunes every packed layer shape before CUDA
+graphs are captured (timing cannot run inside a capture); tools/bench_packed.py
 sweeps wider grids by hand. Decode-sized buckets are timed as a decode step runs them
 (``timing.cold_graph_ms``: CUDA graph, weight cold in L2). A candidate is timed only if its
 result agrees with the default tiles' (a variant that compiles wrong is never picked).
@@ -32,7 +33,7 @@ from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 
-__all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key"]
+__all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key", "quick_candidates"]
 
 # representative M of each bucket: decode 1, <= 16, <= 64, prefill
 BUCKETS = (1, 16, 64, 512)
@@ -47,6 +48,17 @@ def bucket(m: int) -> int:
 def device_key(device: torch.device) -> str:
     props = torch.cuda.get_device_properties(device)
     return f"{props.name}|sm{props.major}{props.minor}|{props.multi_processor_count}sm"
+
+
+def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
+    """The batch-1 decode candidates a first load times by default: five compiles per type
+    (shared by every shape of the type), the split-K variants free."""
+    return [
+        {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, **extra}
+        for b, w, extra in ((16, 4, {}), (32, 2, {}), (32, 4, {}), (64, 2, {"FACTOR": 1}),
+                            (64, 4, {"FACTOR": 1}))
+        for s in (1, 2, 4, 8)
+    ]  # fmt: skip
 
 
 def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
@@ -133,11 +145,14 @@ class Tuner:
         return cfg
 
     def tune(self, pw: PackedWeight, dtype: torch.dtype) -> None:
-        """Time the candidates for every bucket of this weight's shape (activations of `dtype`)
-        that has no entry yet."""
-        if self.device.type != "cuda" or os.environ.get("SKIFF_QMATMUL_TUNE") != "1":
+        """Time candidates for the buckets of this weight's shape (activations of `dtype`) that
+        have no entry yet: by default batch-1 decode with ``quick_candidates``;
+        ``SKIFF_QMATMUL_TUNE=1`` every bucket with every candidate, ``0`` nothing."""
+        mode = os.environ.get("SKIFF_QMATMUL_TUNE", "decode")
+        if self.device.type != "cuda" or mode == "0":
             return
-        todo = [m for m in BUCKETS if self._key(pw, m, dtype) not in self.table]
+        buckets = BUCKETS if mode == "1" else (1,)
+        todo = [m for m in buckets if self._key(pw, m, dtype) not in self.table]
         if not todo:
             return
         copies = weight_copies(pw)  # cold weights for the decode-sized timings
@@ -145,7 +160,7 @@ class Tuner:
             x = torch.randn(m, pw.shape[1], device=self.device, dtype=dtype)
             ref = packed_matmul(x, pw, out_dtype=torch.float32)  # the default tiles
             best, best_ms = None, float("inf")
-            for cfg in candidates(m, pw):
+            for cfg in candidates(m, pw) if mode == "1" else quick_candidates(pw):
                 try:
                     if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref):
                         continue  # never pick a variant that computes something else

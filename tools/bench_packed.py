@@ -47,7 +47,7 @@ def families(m: int, n: int, k: int, device: torch.device) -> list[dict]:
         return [base, {"BLOCK_N": 64, "num_warps": 2, "FACTOR": 1},
                 {"BLOCK_N": 64, "num_warps": 4, "FACTOR": 1}]  # fmt: skip
     if m <= 64:
-        return [base, {**base, "WIDE": 0 if base.get("WIDE") else 1}]
+        return [base, {**base, "BLOCK_N": 32}, {**base, "BLOCK_N": 32, "WIDE": 1}]
     return [base, {"DEQUANT": 1}]
 
 

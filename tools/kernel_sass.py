@@ -162,6 +162,17 @@ def compile_attention(kv: str, query_len: int, arch: int = 90):
     return compiled["_paged_attention_kernel"]
 
 
+def registers(cubin: bytes) -> str:
+    """'REG:n ... LOCAL:n' of cuobjdump's resource usage (LOCAL > 0: spills to local memory)."""
+    tool = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True)
+    words = usage.stdout.split()
+    return " ".join(w for w in words if w.startswith(("REG:", "LOCAL:")))
+
+
 def loop_stats(cubin: bytes) -> tuple[int, Counter]:
     """Instructions of the longest loop (the longest backward branch) and its opcode counts."""
     tool = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -228,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             weights = rows * CHUNK[qtype] / (warps * 32)
             top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
             print(f"{qtype.name:5} {kind:7} M={m:<3} loop {count:5} per thread per chunk, "
-                  f"{count / weights:5.1f} per weight | {top}")  # fmt: skip
+                  f"{count / weights:5.1f} per weight, {registers(compiled.asm['cubin'])} "
+                  f"| {top}")  # fmt: skip
     return 0
 
 

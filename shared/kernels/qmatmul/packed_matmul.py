@@ -233,9 +233,9 @@ def default_config(
     if m <= 16:
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:
-        # one tensor-core step a chunk: offline sm_90 SASS has 3 barriers a chunk, not 17
-        # (kernel_sass); not yet timed on a GPU against the per-field dots
-        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "WIDE": 1}
+        # WIDE (one dot a chunk) is a tuner candidate: with 64-row tiles it needs 255 registers
+        # for Q4_K (kernel_sass), with 32 it beats these tiles only per tile, not per weight
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
     # The dense path (DEQUANT) is a tuner candidate, not the default: its only GPU run so far
     # (W2/W3 at 633978d) showed 512-token steps of ~70 ms against ~49 ms for these tiles (pp512).
     # 3 stages of 128 x 128 tiles exceed the H200's 227 KiB of shared memory for some types

@@ -85,19 +85,18 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         ]
         return out
     # decode batches: split-K is a launch argument (no compile of its own)
+    # (WIDE with 32-row tiles only: with 64 it needs up to 255 registers, kernel_sass)
     if m <= 16:
         return [
             {"BLOCK_M": 16, "BLOCK_N": b, "num_warps": 4, "num_stages": 2, "SPLIT_K": s, **wide}
-            for b in (32, 64)
+            for b, wide in ((32, {}), (64, {}), (32, {"WIDE": 1}))
             for s in (1, 2, 4, 8)
-            for wide in ({}, {"WIDE": 1})
         ]
     if m <= 64:
         return [
             {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3, "SPLIT_K": s, **wide}
-            for b, w in ((32, 4), (64, 4), (64, 8))
+            for b, w, wide in ((32, 4, {}), (64, 4, {}), (64, 8, {}), (32, 4, {"WIDE": 1}))
             for s in (1, 2, 4, 8)
-            for wide in ({}, {"WIDE": 1})
         ]
     return [{"DEQUANT": 1}] + [
         {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}

@@ -14,8 +14,10 @@ export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
 STAGES=${STAGES:-"tests w1 sweep llama"}  # also: profile (ncu, tools/gpu_profile.sh)
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
-[ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
-  $BUILD > /tmp/llama-build.log 2>&1 < /dev/null &
+case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
+  [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
+    $BUILD > /tmp/llama-build.log 2>&1 < /dev/null & ;;
+esac
 { date -u; echo "commit ${SKIFF_COMMIT:-unknown}"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

@@ -162,24 +162,24 @@ def compile_attention(kv: str, query_len: int, arch: int = 90):
     return compiled["_paged_attention_kernel"]
 
 
-def registers(cubin: bytes) -> str:
-    """'REG:n ... LOCAL:n' of cuobjdump's resource usage (LOCAL > 0: spills to local memory)."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """Triton's own cuobjdump on a cubin: -sass (the instructions) or -res-usage."""
     tool = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True)
-    words = usage.stdout.split()
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True).stdout
+
+
+def registers(cubin: bytes) -> str:
+    """'REG:n ... LOCAL:n' of cuobjdump's resource usage (LOCAL > 0: spills to local memory)."""
+    words = _cuobjdump(cubin, "-res-usage").split()
     return " ".join(w for w in words if w.startswith(("REG:", "LOCAL:")))
 
 
 def loop_stats(cubin: bytes) -> tuple[int, Counter]:
     """Instructions of the longest loop (the longest backward branch) and its opcode counts."""
-    tool = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True).stdout
+    sass = _cuobjdump(cubin, "-sass")
     inst = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)(.*)")
     rows = [
         (int(m.group(1), 16), m.group(2), m.group(3))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from shared.kernels.rounding import to_dtype
+
 
 @triton.jit
 def _find_seq(query_start_loc_ptr, q_tile_id, num_seqs, BLOCK_Q: tl.constexpr):
@@ -45,16 +47,6 @@ def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr, DTY
     else:
         x = tl.load(ptrs, mask=mask, other=0.0)
     return x
-
-
-@triton.jit
-def _cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
-    if INTERPRETED and x.dtype == tl.float32 and dtype == tl.bfloat16:
-        # The interpreter truncates float32 -> bfloat16; round to nearest even as the GPU does.
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(dtype)
 
 
 @triton.jit
@@ -136,8 +128,8 @@ def _attend_tile(
             p = p * vs.to(tl.float32)[None, :]
         else:
             v = (v.to(tl.float32) * vs.to(tl.float32)[:, None]).to(q.dtype)
-    p = _cast(p, q.dtype, INTERPRETED)
-    v = _cast(v, q.dtype, INTERPRETED)
+    p = to_dtype(p, q.dtype, INTERPRETED)
+    v = to_dtype(v, q.dtype, INTERPRETED)
     acc = _dot(p, v, acc * alpha[:, None], DOT_PRECISION, INTERPRETED)
     return m_new, l_i, acc
 
@@ -219,7 +211,7 @@ def _paged_attention_kernel(
     q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
     # operands in the cache dtype, like the reference; an FP8 cache is dequantized to q's dtype
-    q = _cast(q, q_ptr.dtype.element_ty if KV_FP8 else k_cache_ptr.dtype.element_ty, INTERPRETED)
+    q = to_dtype(q, q_ptr.dtype.element_ty if KV_FP8 else k_cache_ptr.dtype.element_ty, INTERPRETED)
 
     # Key tiles this query tile can see: causal up to its last token, window from its first.
     first_pos = context + q_tile * BLOCK_Q
@@ -274,7 +266,7 @@ def _paged_attention_kernel(
     else:
         o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_o_t + head[:, None] * stride_o_h + d[None, :]
-        tl.store(out_ptr + o_off, _cast(o, out_ptr.dtype.element_ty, INTERPRETED), mask=io_mask)
+        tl.store(out_ptr + o_off, to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED), mask=io_mask)
 
 
 @triton.jit
@@ -311,5 +303,5 @@ def _combine_splits_kernel(
     pa_off = s[:, None] * stride_pa_s + token * stride_pa_t + head * stride_pa_h + d[None, :]
     acc = tl.load(part_acc_ptr + pa_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
-    o = _cast(o, out_ptr.dtype.element_ty, INTERPRETED)
+    o = to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED)
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + d, o, mask=d_ok)

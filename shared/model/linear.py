@@ -30,6 +30,7 @@ from shared.kernels.qmatmul import (
     unpack,
 )
 from shared.kernels.qmatmul.packed import CHUNK
+from shared.kernels.qmatmul.packed_matmul import ACTS
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.quant import dequantize
 
@@ -161,6 +162,4 @@ class GatedLinear(nn.Module):
             y = packed_matmul(x2, lin.packed, config=cfg, act=self.act)
             return y.reshape(*x.shape[:-1], lin.shape[0] // 2)
         y = lin(x)  # dense or dequantizing: the activation in torch
-        gate, up = y[..., 0::2], y[..., 1::2]
-        a = F.silu(gate) if self.act == 1 else F.gelu(gate, approximate="tanh")
-        return a * up
+        return ACTS[self.act](y[..., 0::2], y[..., 1::2])

@@ -29,6 +29,7 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from shared.kernels.device import interpreted, num_sms
+from shared.kernels.rounding import to_dtype
 
 __all__ = ["KQUANT_TYPES", "quant_gemv_kquant"]
 
@@ -55,16 +56,6 @@ def _fp16_at(blk_ptrs, offset: tl.constexpr, row_mask):
 def _byte_at(blk_ptrs, offset: tl.constexpr, row_mask):
     """[BLOCK_N] uint8 pointers -> byte `offset` of each super-block as int32."""
     return tl.load(blk_ptrs + offset, mask=row_mask, other=0).to(tl.int32)
-
-
-@triton.jit
-def _cast(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
-    if INTERPRETED and dtype == tl.bfloat16:
-        # The interpreter truncates float32 -> bfloat16; round to nearest even as the GPU does.
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)
-    return x.to(dtype)
 
 
 @triton.jit
@@ -135,7 +126,7 @@ def _kquant_gemv_kernel(
 
     out_ptrs = out_ptr + pid_s * stride_os + rows_m[:, None] * stride_om + rows_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
-    tl.store(out_ptrs, _cast(acc, out_ptr.dtype.element_ty, INTERPRETED), mask=mask)
+    tl.store(out_ptrs, to_dtype(acc, out_ptr.dtype.element_ty, INTERPRETED), mask=mask)
 
 
 @triton.jit

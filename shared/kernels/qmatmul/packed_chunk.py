@@ -47,15 +47,21 @@ MAGIC = 0x4B000000  # the bits of 2^23: launchers pass it to the kernels (see _a
 
 
 @triton.jit
-def load_chunk(HI: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: tl.constexpr):
-    """Chunk c of the rows: (words, words >> 16, the high-bit plane's entries when HI, else w)."""
-    i = tl.arange(0, W)
-    offs = rows[:, None] * stride_q + c * W + i[None, :]
-    w = tl.load(q_ptr + offs, mask=nmask[:, None], other=0)
+def load_words(HI: tl.constexpr, q_ptr, hi_ptr, offs, mask):
+    """Words at offs: (words, words >> 16, the high-bit plane's entries when HI, else w)."""
+    w = tl.load(q_ptr + offs, mask=mask, other=0)
     h = w
     if HI:
-        h = tl.load(hi_ptr + offs, mask=nmask[:, None], other=0).to(tl.int32)
+        h = tl.load(hi_ptr + offs, mask=mask, other=0).to(tl.int32)
     return w, w >> 16, h
+
+
+@triton.jit
+def load_chunk(HI: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: tl.constexpr):
+    """Chunk c of the rows as [BLOCK_N, W] words (load_words)."""
+    i = tl.arange(0, W)
+    offs = rows[:, None] * stride_q + c * W + i[None, :]
+    return load_words(HI, q_ptr, hi_ptr, offs, nmask[:, None])
 
 
 @triton.jit

@@ -18,8 +18,10 @@ import triton
 import triton.language as tl
 
 from shared.kernels.device import interpreted
-from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
+from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
+from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
+from shared.kernels.rounding import to_dtype
 
 __all__ = ["dequantize_packed"]
 
@@ -48,11 +50,8 @@ def _dequant_kernel(
     out = out_ptr + rows[:, None] * stride_o + c * (W * G) + i[None, :]
     for j in tl.static_range(G):
         val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, magic)
-        if INTERPRETED and out_ptr.dtype.element_ty == tl.bfloat16:
-            # its float32 -> bfloat16 cast truncates: round to nearest even by hand first
-            bits = val.to(tl.uint32, bitcast=True)
-            val = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        tl.store(out + j * W, val.to(out_ptr.dtype.element_ty), mask=nmask[:, None])
+        val = to_dtype(val, out_ptr.dtype.element_ty, INTERPRETED)
+        tl.store(out + j * W, val, mask=nmask[:, None])
 
 
 def dequantize_packed(
@@ -64,13 +63,9 @@ def dequantize_packed(
         out = torch.empty((n, k), dtype=dtype, device=pw.q.device)
     elif out.shape != (n, k) or out.dtype != dtype or out.stride(1) != 1:
         raise ValueError(f"dequantize_packed: out must be [{n}, {k}] {dtype} with unit last stride")
-    planes = tuple(t if t is not None else pw.q for t in (pw.q, pw.hi, pw.sc, pw.mn, pw.d, pw.dmin))
-    sc = pw.sc if pw.sc is not None else pw.d
-    words = WORDS[pw.qtype]
     grid = (triton.cdiv(n, block_n), k // CHUNK[pw.qtype])
     _dequant_kernel[grid](
-        *planes, out, n, pw.q.stride(0), sc.stride(0), pw.d.stride(0), out.stride(0), MAGIC,
-        QTYPE=int(pw.qtype), HI=pw.hi is not None, W=words, G=CHUNK[pw.qtype] // words,
+        *planes(pw), out, n, *strides(pw), out.stride(0), MAGIC, **fields(pw),
         BLOCK_N=block_n, INTERPRETED=interpreted(_dequant_kernel), num_warps=4,
     )  # fmt: skip
     return out

@@ -17,13 +17,17 @@ import torch
 import triton
 import triton.language as tl
 
-from shared.kernels.activation import _gelu_tanh, _silu
+from shared.kernels.activation import _SQRT_2_OVER_PI, _gelu_tanh, _silu
 from shared.kernels.device import num_sms
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
+from shared.kernels.rounding import to_dtype
+
+SQRT_2_OVER_PI = tl.constexpr(_SQRT_2_OVER_PI)
 
 __all__ = [
     "SMALL_TILE",
+    "auto_split",
     "fields",
     "gated",
     "launch_gemm",
@@ -56,7 +60,7 @@ def gated(g, u, ACT: tl.constexpr):
     if ACT == 1:  # noqa: SIM108 (a plain constexpr branch compiles everywhere)
         a = _silu(g)
     else:
-        a = _gelu_tanh(g, 0.7978845608028654)
+        a = _gelu_tanh(g, SQRT_2_OVER_PI)
     return a * u
 
 
@@ -221,14 +225,8 @@ def _dot_acc(acc, x, w, INTERPRETED: tl.constexpr):
     if x.dtype == tl.float32:
         return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     if INTERPRETED:
-        # Its float32 -> bfloat16 cast truncates and its 16-bit dots multiply bit patterns:
-        # round to nearest even by hand and multiply the rounded values in float32.
-        if x.dtype == tl.bfloat16:
-            bits = w.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            wr = bits.to(tl.float32, bitcast=True)
-        else:
-            wr = w.to(x.dtype).to(tl.float32)
+        # its 16-bit dots multiply bit patterns: multiply the rounded values in float32
+        wr = to_dtype(w, x.dtype, INTERPRETED).to(tl.float32)
         return tl.dot(x.to(tl.float32), tl.trans(wr), acc, input_precision="ieee")
     return tl.dot(x, tl.trans(w.to(x.dtype)), acc)
 
@@ -243,7 +241,9 @@ def launch_gemm(x, pw, out, cfg, interp, act: int = 0) -> None:
     m, n = out.shape[0], pw.shape[0]
     n_chunks = pw.shape[1] // CHUNK[pw.qtype]
     tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
-    splits = cfg.get("SPLIT_K") or _auto_split(tiles[0] * tiles[1], n_chunks, x.device)
+    splits = cfg.get("SPLIT_K") or auto_split(
+        tiles[0] * tiles[1], x.device, per_sm=2, most=min(8, n_chunks // 2)
+    )
     per_split = triton.cdiv(n_chunks, splits)
     splits = triton.cdiv(n_chunks, per_split)
     target = out
@@ -261,12 +261,13 @@ def launch_gemm(x, pw, out, cfg, interp, act: int = 0) -> None:
         sum_splits_kernel[grid](target, out, total, SPLITS=splits, BLOCK=1024, ACT=act)
 
 
-def _auto_split(tiles: int, n_chunks: int, device: torch.device) -> int:
-    """Split-K for a decode-batch GEMM whose output tiles leave SMs idle: N / BLOCK_N programs
-    would each walk all of K (16-56 chunks for Llama-3-8B) one chunk after another."""
+def auto_split(tiles: int, device: torch.device, per_sm: int, most: int) -> int:
+    """Split-K when the output tiles alone leave SMs idle: enough splits for about per_sm
+    programs an SM, at most `most` (each program would otherwise walk all of K, 16-56 chunks
+    for Llama-3-8B, one chunk after another)."""
     if device.type != "cuda":
         return 1
-    target = 2 * num_sms(device)
+    target = per_sm * num_sms(device)
     if tiles >= target:
         return 1
-    return max(1, min(triton.cdiv(target, tiles), 8, n_chunks // 2))
+    return max(1, min(triton.cdiv(target, tiles), most))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from shared.kernels.qmatmul.packed_chunk import fields, load_meta
+from shared.kernels.qmatmul.packed_chunk import fields, load_meta, load_words
 from shared.kernels.qmatmul.packed_gemm import store_rows
 
 __all__ = ["gemv_factored_kernel", "prepare_x_kernel"]
@@ -32,12 +32,9 @@ __all__ = ["gemv_factored_kernel", "prepare_x_kernel"]
 
 @triton.jit
 def _load_words(HI: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W, col):
+    """Chunk c of the rows as [BLOCK_N, W / V, V] words."""
     offs = rows[:, None, None] * stride_q + c * W + col
-    w = tl.load(q_ptr + offs, mask=nmask[:, None, None], other=0)
-    h = w
-    if HI:
-        h = tl.load(hi_ptr + offs, mask=nmask[:, None, None], other=0).to(tl.int32)
-    return w, w >> 16, h
+    return load_words(HI, q_ptr, hi_ptr, offs, nmask[:, None, None])
 
 
 @triton.jit

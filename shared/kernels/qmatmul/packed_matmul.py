@@ -20,12 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from shared.kernels.device import interpreted, num_sms
+from shared.kernels.device import interpreted
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
 from shared.kernels.qmatmul.packed_gemm import (
     SMALL_TILE,
+    auto_split,
     fields,
     launch_gemm,
     planes,
@@ -34,6 +35,7 @@ from shared.kernels.qmatmul.packed_gemm import (
     sum_splits_kernel,
 )
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
+from shared.ops.activation import gelu_mul, silu_mul
 
 __all__ = ["packed_matmul"]
 
@@ -165,7 +167,8 @@ def packed_matmul(
     cfg = config or default_config(m, n, k, x.device)
     interp = interpreted(_gemv_kernel)
     if m == 1:
-        splits = cfg.get("SPLIT_K") or _gemv_split(n, cfg["BLOCK_N"], x.device)
+        tiles = triton.cdiv(n, cfg["BLOCK_N"])
+        splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=8)
         per_split = triton.cdiv(n_chunks, splits)
         splits = triton.cdiv(n_chunks, per_split)
         unroll = per_split if cfg.get("UNROLL") else 0
@@ -205,21 +208,8 @@ def packed_matmul(
     return out
 
 
-# the gated activations of act=: torch's, for the dense path
-ACTS = {
-    0: None,
-    1: lambda g, u: torch.nn.functional.silu(g) * u,
-    2: lambda g, u: torch.nn.functional.gelu(g, approximate="tanh") * u,
-}
-
-
-def _gemv_split(n: int, block_n: int, device: torch.device) -> int:
-    """Split-K for a GEMV whose row tiles alone leave SMs idle: about four programs an SM."""
-    tiles = triton.cdiv(n, block_n)
-    target = 4 * num_sms(device)
-    if device.type != "cuda" or tiles >= target:
-        return 1
-    return min(triton.cdiv(target, tiles), 8)
+# the gated activations of act= in torch (the dense path, GatedLinear's fallback)
+ACTS = {0: None, 1: silu_mul, 2: gelu_mul}
 
 
 def default_config(
@@ -229,7 +219,8 @@ def default_config(
     is split until there are about four programs per SM (the H200's measured winners: 16-row
     tiles, 4 warps, 512 programs for 4096 x 4096 and 1024 x 4096), partials summed afterwards."""
     if m == 1:
-        return {"BLOCK_N": block_n, "SPLIT_K": _gemv_split(n, block_n, device), "num_warps": 4}
+        split = auto_split(triton.cdiv(n, block_n), device, per_sm=4, most=8)
+        return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
     if m <= 16:
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:

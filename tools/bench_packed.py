@@ -23,7 +23,7 @@ from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
 from shared.kernels.qmatmul.packed_matmul import default_config
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
-from shared.kernels.qmatmul.tuning import candidates
+from shared.kernels.qmatmul.tuning import INT8_TILES, candidates
 from shared.quant import block_geometry
 from tools.bench_qgemv import copy_bandwidth, random_weight
 
@@ -44,17 +44,22 @@ def families(m: int, n: int, k: int, device: torch.device) -> list[dict]:
     """The default tiles and one config of each alternative kernel family for this M."""
     base = default_config(m, n, k, device)
     if m == 1:
-        return [base, {"BLOCK_N": 64, "num_warps": 2, "FACTOR": 1},
-                {"BLOCK_N": 64, "num_warps": 4, "FACTOR": 1}]  # fmt: skip
+        return [
+            base,
+            {"BLOCK_N": 64, "num_warps": 2, "FACTOR": 1},
+            {"BLOCK_N": 64, "num_warps": 4, "FACTOR": 1},
+            *({"BLOCK_N": b, "num_warps": w, "INT8": 1, "TPR": t} for b, w, t in INT8_TILES),
+        ]
     if m <= 64:
         return [base, {**base, "BLOCK_N": 32}, {**base, "BLOCK_N": 32, "WIDE": 1}]
     return [base, {"DEQUANT": 1}]
 
 
 def label(cfg: dict) -> str:
-    for key in ("FACTOR", "WIDE", "DEQUANT"):
+    for key in ("FACTOR", "INT8", "WIDE", "DEQUANT"):
         if cfg.get(key):
-            return f"{key.lower()}({cfg.get('BLOCK_N', '')},{cfg.get('num_warps', '')})"
+            tpr = f",tpr{cfg['TPR']}" if "TPR" in cfg else ""
+            return f"{key.lower()}({cfg.get('BLOCK_N', '')},{cfg.get('num_warps', '')}{tpr})"
     return f"tiles({cfg.get('BLOCK_M', 1)}x{cfg['BLOCK_N']},{cfg.get('num_warps', '')})"
 
 

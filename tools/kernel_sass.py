@@ -30,6 +30,7 @@ from triton.compiler import ASTSource
 
 from shared.kernels.qmatmul.packed import CHUNK, PACKED_TYPES, WORDS, pack
 from shared.kernels.qmatmul.packed_chunk import MAGIC
+from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.quant import block_geometry
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
@@ -70,6 +71,13 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         xf, xs = torch.empty(k, dtype=torch.float32), torch.empty(k // 4, dtype=torch.float32)
         args = [xf, xs, *_planes(pw), out, n, chunks, chunks // 2, *strides, n, MAGIC]
         return gv.gemv_factored_kernel, args, {**fields, "BLOCK_N": 64, "V": 4, "ACT": act}
+    if kind == "gemv-i8":  # the int8-activation GEMV (packed_int8): codes, scales, sums
+        i8 = importlib.import_module("shared.kernels.qmatmul.packed_int8")
+        g = fields["G"]
+        xq = torch.empty(k // 4, dtype=torch.int32)
+        xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
+        args = [xq, xd, xs, *_planes(pw), out, n, chunks, chunks // 2, *strides, n]
+        return i8.gemv_int8_kernel, args, {**fields, "BLOCK_N": 128, "ACT": act}
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]
@@ -80,8 +88,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
 
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
-    """kind: gemv, gemv-f (factored), gemm or gemm-w (one dot a chunk; M rows, BLOCK_M =
-    min(M, 64)) or dequant; "-act" adds the gated SiLU epilogue."""
+    """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations), gemm or gemm-w (one dot a
+    chunk; M rows, BLOCK_M = min(M, 64)) or dequant; "-act" adds the gated SiLU epilogue."""
     pw = _weight(qtype, 4096, 4096)
     fn, args, consts = _launch_args(kind, pw, m)
     names = fn.arg_names
@@ -221,11 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             done = "compiled for sm_" + str(args.arch) if args.check else f"loop {count} | {top}"
             print(f"{what}: {done}")
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
-    kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemm", 16, 4), ("gemm-w", 16, 4), ("gemm", 64, 4),
-             ("gemm-w", 64, 4), ("dequant", 1, 4), ("gemv-act", 1, 4), ("gemv-f-act", 1, 2),
-             ("gemm-w-act", 64, 4))  # fmt: skip
+    kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemv-i8", 1, 4), ("gemm", 16, 4),
+             ("gemm-w", 16, 4), ("gemm", 64, 4), ("gemm-w", 64, 4), ("dequant", 1, 4),
+             ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
+            if kind == "gemv-i8" and qtype not in INT8_TYPES:
+                continue
             try:
                 compiled = compile_kernel(kind, qtype, m, args.arch, warps)
             except Exception as exc:  # noqa: BLE001 - report which kernel and why
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{qtype.name} {kind} M={m}: compiled for sm_{args.arch}")
                 continue
             count, ops = loop_stats(compiled.asm["cubin"])
-            rows = {"gemv": 16, "gemv-f": 64}.get(kind.removesuffix("-act"), 32)
+            rows = {"gemv": 16, "gemv-f": 64, "gemv-i8": 128}.get(kind.removesuffix("-act"), 32)
             weights = rows * CHUNK[qtype] / (warps * 32)
             top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
             print(f"{qtype.name:5} {kind:7} M={m:<3} loop {count:5} per thread per chunk, "

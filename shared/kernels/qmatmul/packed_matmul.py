@@ -6,7 +6,9 @@
   weight rows, multiplies each dequantized chunk by the activations on the FMA units and keeps
   a ``[BLOCK_N, W]`` float32 accumulator that is summed once at the end. When the row tiles
   alone cannot fill the device the chunk loop is split over a second grid axis (split-K) and
-  the float32 partials are added afterwards. ``FACTOR``: the factored GEMV of ``packed_gemv``.
+  the float32 partials are added afterwards. ``FACTOR``: the factored GEMV of ``packed_gemv``;
+  ``INT8``: activations rounded to int8 and integer dot products (``packed_int8``; an
+  approximation within the int8 rounding's bound, as llama.cpp's MMVQ).
 - the GEMM of ``packed_gemm`` (two rows and up: decode batches and prefill), or ``DEQUANT``: a
   dense copy (``packed_dequant``) and torch's matmul.
 
@@ -35,6 +37,7 @@ from shared.kernels.qmatmul.packed_gemm import (
     sum_splits_kernel,
 )
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
+from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
 from shared.ops.activation import gelu_mul, silu_mul
 
 __all__ = ["packed_matmul"]
@@ -147,9 +150,11 @@ def packed_matmul(
 
     config overrides the tiling. M = 1: ``BLOCK_N``, ``num_warps``, ``SPLIT_K`` and ``UNROLL``
     (1: each program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV
-    of ``packed_gemv``). M > 1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
-    ``SPLIT_K`` and ``WIDE`` (one dot a chunk), or ``DEQUANT`` (1: a dense copy of the weight in
-    x's dtype, then torch's matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle.
+    of ``packed_gemv``) or ``INT8`` (1: int8 activations and dp4a, ``packed_int8``; types
+    outside ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row). M > 1: ``BLOCK_M``,
+    ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a chunk), or
+    ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then torch's matmul). An absent
+    ``SPLIT_K`` splits K when the tiles leave SMs idle.
     """
     n, k = pw.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:
@@ -177,7 +182,9 @@ def packed_matmul(
             target = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
         epilogue = act if splits == 1 else 0  # else the partials' sum activates
-        if cfg.get("FACTOR"):  # codes times activations summed first, scaled once a sub-block
+        if cfg.get("INT8") and pw.qtype in INT8_TYPES:  # int8 activations, dp4a
+            launch_int8(x, pw, target, grid, n_chunks, per_split, cfg, epilogue, interp)
+        elif cfg.get("FACTOR"):  # codes times activations summed first, scaled once a sub-block
             xf = torch.empty(k, dtype=torch.float32, device=x.device)
             xs = torch.empty(k // 4, dtype=torch.float32, device=x.device)
             prepare_x_kernel[(triton.cdiv(k, 1024),)](x, xf, xs, k, V=4, BLOCK=1024)

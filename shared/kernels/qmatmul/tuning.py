@@ -8,14 +8,15 @@ name and compute capability. Later loads read the file and time nothing. Unknown
 to ``packed_matmul.default_config`` (tiles sized from the SM count).
 
 A first load times batch-1 decode only, over ``quick_candidates`` (five compiles per weight type,
-shared by its shapes: seconds, not minutes); ``SKIFF_QMATMUL_TUNE=1`` times every bucket with
-every candidate (each candidate is a compile of its own: on the H200 one (type, shape) took
-about half a minute, an 8B model many minutes) and ``0`` times nothing. Tables measured once per
-kind of device ship in ``tuned/``. The model loader tunes every packed layer shape before CUDA
-graphs are captured (timing cannot run inside a capture); tools/bench_packed.py
-sweeps wider grids by hand. Decode-sized buckets are timed as a decode step runs them
-(``timing.cold_graph_ms``: CUDA graph, weight cold in L2). A candidate is timed only if its
-result agrees with the default tiles' (a variant that compiles wrong is never picked).
+plus the int8 GEMV's, shared by its shapes: seconds, not minutes); ``SKIFF_QMATMUL_TUNE=1``
+times every bucket with every candidate (each candidate is a compile of its own: on the H200 one
+(type, shape) took about half a minute, an 8B model many minutes) and ``0`` times nothing.
+Tables measured once per kind of device ship in ``tuned/``. The model loader tunes every packed
+layer shape before CUDA graphs are captured (timing cannot run inside a capture);
+tools/bench_packed.py sweeps wider grids by hand. Decode-sized buckets are timed as a decode
+step runs them (``timing.cold_graph_ms``: CUDA graph, weight cold in L2). A candidate is timed
+only if its result agrees with the default tiles' (a variant that compiles wrong is never
+picked; the int8 GEMV within its rounding, ``INT8_TOL``).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ import triton
 import triton.testing
 
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 
 __all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key", "quick_candidates"]
 
+INT8_TOL = 2e-2
 # representative M of each bucket: decode 1, <= 16, <= 64, prefill
 BUCKETS = (1, 16, 64, 512)
 # <device>.json tables measured with this code (see tuned/README.md)
@@ -50,15 +53,24 @@ def device_key(device: torch.device) -> str:
     return f"{props.name}|sm{props.major}{props.minor}|{props.multi_processor_count}sm"
 
 
+# the int8-activation GEMV (packed_int8): (BLOCK_N, num_warps, TPR threads a row), one row part
+# a thread; more threads a row coalesce the loads, fewer scale fewer sub-blocks (kernel_sass:
+# Q4_K 1.5 instructions a weight with one, 2.1 with eight)
+INT8_TILES = ((128, 4, 1), (64, 4, 2), (32, 4, 4), (16, 4, 8))
+
+
 def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
     """The batch-1 decode candidates a first load times by default: five compiles per type
-    (shared by every shape of the type), the split-K variants free."""
+    (shared by every shape of the type), plus the int8 GEMV's three where the type has it; the
+    split-K variants free."""
+    tiles = [(16, 4, {}), (32, 2, {}), (32, 4, {}), (64, 2, {"FACTOR": 1}), (64, 4, {"FACTOR": 1})]
+    if pw.qtype in INT8_TYPES:
+        tiles += [(b, w, {"INT8": 1, "TPR": t}) for b, w, t in INT8_TILES]
     return [
         {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, **extra}
-        for b, w, extra in ((16, 4, {}), (32, 2, {}), (32, 4, {}), (64, 2, {"FACTOR": 1}),
-                            (64, 4, {"FACTOR": 1}))
+        for b, w, extra in tiles
         for s in (1, 2, 4, 8)
-    ]  # fmt: skip
+    ]
 
 
 def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
@@ -83,6 +95,12 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
             for b, w in ((64, 2), (64, 4), (128, 4))  # (32, 1) hits 255 registers for Q4_K
             for s in (1, 2, 4, 8)
         ]
+        if pw.qtype in INT8_TYPES:  # int8 activations, dp4a (packed_int8)
+            out += [
+                {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, "INT8": 1, "TPR": t}
+                for b, w, t in (*INT8_TILES, (64, 2, 1), (256, 8, 1), (64, 8, 4))
+                for s in (1, 2, 4, 8)
+            ]
         return out
     # decode batches: split-K is a launch argument (no compile of its own)
     # (WIDE with 32-row tiles only: with 64 it needs up to 255 registers, kernel_sass)
@@ -105,7 +123,9 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
 
 
 def agrees(got: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> bool:
-    """Same product up to summation order (relative Frobenius error)."""
+    """Same product up to summation order (relative Frobenius error). The int8 GEMV is held to
+    INT8_TOL: its activations are rounded (about 0.5 % for Gaussian ones; a wrong kernel is
+    off by 100 %)."""
     err = (got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)
     return bool(torch.isfinite(got).all()) and float(err) < tol
 
@@ -161,7 +181,8 @@ class Tuner:
             best, best_ms = None, float("inf")
             for cfg in candidates(m, pw) if mode == "1" else quick_candidates(pw):
                 try:
-                    if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref):
+                    tol = INT8_TOL if cfg.get("INT8") else 1e-4
+                    if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref, tol):
                         continue  # never pick a variant that computes something else
                     ms = matmul_ms(x, pw, copies, cfg)
                 except Exception:  # noqa: BLE001 - a tile this device cannot build or hold

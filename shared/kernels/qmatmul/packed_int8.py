@@ -1,0 +1,294 @@
+"""The int8-activation packed GEMV (M = 1, ``INT8: 1``): integer dot products on ``dp4a``.
+
+The float GEMVs (``packed_matmul._gemv_kernel``, ``packed_gemv``) turn every 4-bit code into a
+float and multiply it by its activation: 5-9 instructions a weight on sm_90, and at batch 1 the
+H200 ran out of issue slots long before it ran out of memory bandwidth (ncu: 0.65 issued warps
+a scheduler, 22 % of DRAM). Here, as llama.cpp's MMVQ does, the activations are quantized to
+int8 first (``quantize_x_kernel``: one scale per sub-block of the weight's layout, round to
+nearest, plus the float sum of each sub-block for the offsets) and one ``dp4a`` multiplies four
+codes by four activations and adds them to an int32:
+
+- a thread owns one weight row (``BLOCK_N`` = rows a program); a chunk is read four words at a
+  time (one 128-bit load). In the packed layout field j of word i is element ``W*j + i``, so a
+  byte transpose of the four words (``int8_ops.transpose4``) yields, per field, the codes of
+  four consecutive elements of one sub-block: nibbles after a mask (plus the fifth bit or the
+  Q6_K high pair OR-ed in), bytes as they are for Q8_0. Their activations are one int8 word.
+- per sub-block j the int32 sum meets the scales once:
+  ``scale_j * dx_j * sum(q * xq) - shift_j * sum(x)`` with weight = ``q * scale - shift``.
+
+The result is ``x_hat @ unpack(pw).T`` plus the offsets' exact part, where x_hat is x rounded to
+int8 per sub-block: not the float GEMV's result, but within the error bound of that rounding
+(tests/test_kernel_packed_int8.py asserts the bound). Types: the 4/5-bit ones (Q4_0, Q4_1, Q5_0,
+Q5_1, Q4_K, Q5_K), Q6_K and Q8_0; Q2_K / Q3_K keep the float GEMV.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from gguf import GGMLQuantizationType
+
+from shared.kernels.qmatmul.int8_ops import dp4a, even_odd, transpose4
+from shared.kernels.qmatmul.packed import WORDS, PackedWeight
+from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
+from shared.kernels.qmatmul.packed_gemm import fields, planes, store_rows, strides
+
+__all__ = ["INT8_TYPES", "gemv_int8_kernel", "prepare_int8", "quantize_x_kernel"]
+
+_T = GGMLQuantizationType
+INT8_TYPES: frozenset[int] = frozenset(
+    {_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K}
+)
+_NIB = tl.constexpr(0x0F0F0F0F)
+
+
+@triton.jit
+def quantize_x_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
+    """Chunk program_id(0) of x (W * G elements, sub-block j = elements W*j .. W*j + W - 1):
+    int8 codes as words ``xq[c, a, j]`` (byte t: element W*j + 4a + t), the scale
+    ``xd[c, j] = max|x| / 127`` and the float sum ``xs[c, j]`` of each sub-block."""
+    c = tl.program_id(0)
+    j = tl.arange(0, G)
+    x = tl.load(x_ptr + c * (W * G) + j[:, None] * W + tl.arange(0, W)[None, :]).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    v = x * inv[:, None]
+    q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32) & 0xFF
+    e, o = tl.split(tl.reshape(q, (G, W // 4, 2, 2)))  # byte t = 2 * (t // 2) + t % 2
+    q0, q2 = tl.split(e)
+    q1, q3 = tl.split(o)
+    word = q0 | (q1 << 8) | (q2 << 16) | (q3 << 24)  # [G, W / 4]
+    at = (c * (W // 4) + tl.arange(0, W // 4)[None, :]) * G + j[:, None]
+    tl.store(xq_ptr + at, word)
+    tl.store(xd_ptr + c * G + j, amax / 127.0)
+    tl.store(xs_ptr + c * G + j, tl.sum(x, axis=1))
+
+
+@triton.jit
+def _split4(t, B: tl.constexpr, P: tl.constexpr):
+    """[B, P, 4] -> its four [B, P] slices along the last axis."""
+    e, o = tl.split(tl.reshape(t, (B, P, 2, 2)))
+    t0, t2 = tl.split(e)
+    t1, t3 = tl.split(o)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _split8(t, B: tl.constexpr, P: tl.constexpr):
+    """[B, P, 8] -> its eight [B, P] slices along the last axis."""
+    e, o = tl.split(tl.reshape(t, (B, P, 4, 2)))
+    t0, t2, t4, t6 = _split4(e, B, P)
+    t1, t3, t5, t7 = _split4(o, B, P)
+    return t0, t1, t2, t3, t4, t5, t6, t7
+
+
+@triton.jit
+def _row_entries(ptr, at, N: tl.constexpr, B: tl.constexpr, P: tl.constexpr):
+    """The N consecutive entries at ptr + at ([B, 1]: one offset a row) for each of the P
+    threads of a row -> [B, P, N] float32 (the threads of a row read the same ones)."""
+    offs = tl.broadcast_to(at[:, :, None] + tl.arange(0, N)[None, None, :], (B, P, N))
+    return tl.load(ptr + offs).to(tl.float32)
+
+
+@triton.jit
+def _codes(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, base, B: tl.constexpr,
+           P: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
+    """Words base .. base + 3 ([B, P], multiples of 4) -> per field j a word of four codes
+    (byte t: word t's field j)."""
+    w0, w1, w2, w3 = _split4(
+        tl.load(q_ptr + base[:, :, None] + tl.arange(0, 4)[None, None, :]), B, P
+    )
+    b0, b1, b2, b3 = transpose4(w0, w1, w2, w3, INTERPRETED)
+    if QTYPE == Q8_0:
+        return b0, b1, b2, b3, b0, b1, b2, b3
+    n0, n1, n2, n3 = b0 & _NIB, (b0 >> 4) & _NIB, b1 & _NIB, (b1 >> 4) & _NIB
+    n4, n5, n6, n7 = b2 & _NIB, (b2 >> 4) & _NIB, b3 & _NIB, (b3 >> 4) & _NIB
+    if QTYPE == Q6_K:  # int16 plane: bits 2j, 2j + 1 of half-word t -> bits 4, 5 of byte t
+        h = tl.load(hi_ptr.to(tl.pointer_type(tl.int64)) + base // 4)
+        e0, e1 = even_odd(h.to(tl.int32), (h >> 32).to(tl.int32), INTERPRETED)
+        m = 0x30303030
+        n0, n1, n2, n3 = (
+            n0 | ((e0 << 4) & m),
+            n1 | ((e0 << 2) & m),
+            n2 | (e0 & m),
+            n3 | ((e0 >> 2) & m),
+        )
+        n4, n5, n6, n7 = (
+            n4 | ((e1 << 4) & m),
+            n5 | ((e1 << 2) & m),
+            n6 | (e1 & m),
+            n7 | ((e1 >> 2) & m),
+        )
+    elif HI:  # uint8 plane: bit j of byte t -> bit 4 of byte t of field j
+        h = tl.load(hi_ptr.to(tl.pointer_type(tl.int32)) + base // 4)
+        m = 0x10101010
+        n0, n1, n2, n3 = (
+            n0 | ((h << 4) & m),
+            n1 | ((h << 3) & m),
+            n2 | ((h << 2) & m),
+            n3 | ((h << 1) & m),
+        )
+        n4, n5, n6, n7 = n4 | (h & m), n5 | ((h >> 1) & m), n6 | ((h >> 2) & m), n7 | ((h >> 3) & m)
+    return n0, n1, n2, n3, n4, n5, n6, n7  # fmt: skip
+
+
+@triton.jit
+def _sums(
+    QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, xq_ptr, base, c,
+    W: tl.constexpr, G: tl.constexpr, B: tl.constexpr, P: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """Chunk c: per field j the int32 sums of codes times int8 activations over the groups of
+    four words each thread reads (thread p of a row: groups p, p + P, ...), [B, P] each."""
+    S: tl.constexpr = QTYPE == Q8_0  # signed codes
+    p = tl.arange(0, P)[None, :]
+    i0 = tl.zeros((B, P), dtype=tl.int32)
+    i1, i2, i3, i4, i5, i6, i7 = i0, i0, i0, i0, i0, i0, i0
+    for a0 in tl.static_range(0, W // 4, P):
+        n0, n1, n2, n3, n4, n5, n6, n7 = _codes(
+            QTYPE, HI, q_ptr, hi_ptr, base + 4 * (a0 + p), B, P, INTERPRETED
+        )
+        at = (c * (W // 4) + a0 + p) * G  # [1, P]: the group's activation words
+        x0, x1, x2, x3 = _split4(_row_entries_i(xq_ptr, at, 4, B, P), B, P)
+        i0, i1 = dp4a(n0, x0, i0, S, INTERPRETED), dp4a(n1, x1, i1, S, INTERPRETED)
+        i2, i3 = dp4a(n2, x2, i2, S, INTERPRETED), dp4a(n3, x3, i3, S, INTERPRETED)
+        if G == 8:
+            x4, x5, x6, x7 = _split4(_row_entries_i(xq_ptr, at + 4, 4, B, P), B, P)
+            i4, i5 = dp4a(n4, x4, i4, S, INTERPRETED), dp4a(n5, x5, i5, S, INTERPRETED)
+            i6, i7 = dp4a(n6, x6, i6, S, INTERPRETED), dp4a(n7, x7, i7, S, INTERPRETED)
+    return i0, i1, i2, i3, i4, i5, i6, i7  # fmt: skip
+
+
+@triton.jit
+def _row_entries_i(ptr, at, N: tl.constexpr, B: tl.constexpr, P: tl.constexpr):
+    """N consecutive int32 at ptr + at ([1, P]) for every row -> [B, P, N]."""
+    offs = tl.broadcast_to(at[:, :, None] + tl.arange(0, N)[None, None, :], (B, P, N))
+    return tl.load(ptr + offs)
+
+
+@triton.jit
+def _field(acc, add, isum, scale, shift, xd_ptr, xs_ptr, c, J: tl.constexpr, G: tl.constexpr,
+           OFFSET: tl.constexpr):  # fmt: skip
+    """Sub-block J: acc += scale * dx * isum, add += shift * sum(x) (when OFFSET)."""
+    acc += scale * (tl.load(xd_ptr + c * G + J) * isum.to(tl.float32))
+    if OFFSET:
+        add += shift * tl.load(xs_ptr + c * G + J)
+    return acc, add
+
+
+@triton.jit
+def _chunk(
+    acc, c, rows, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    stride_q, stride_s, stride_d, QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr,
+    G: tl.constexpr, B: tl.constexpr, P: tl.constexpr, INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """acc [B, P] += chunk c's part of each thread's share of the row dot products."""
+    base = rows * stride_q + c * W  # [B, 1]
+    i0, i1, i2, i3, i4, i5, i6, i7 = _sums(
+        QTYPE, HI, q_ptr, hi_ptr, xq_ptr, base, c, W, G, B, P, INTERPRETED
+    )
+    at = rows * stride_s + c * G  # the chunk's per-sub-block entries
+    OFFSET: tl.constexpr = QTYPE != Q8_0
+    if QTYPE == Q8_0:  # d per sub-block, signed codes
+        s0, s1, s2, s3 = _split4(_row_entries(d_ptr, at, 4, B, P), B, P)
+        s4, s5, s6, s7 = s0, s1, s2, s3
+        t0, t1, t2, t3, t4, t5, t6, t7 = s0, s1, s2, s3, s0, s1, s2, s3
+    elif QTYPE >= Q4_K:  # scale bytes per sub-block, fp16 d (and dmin) per 256
+        sc = _row_entries(sc_ptr, at, 8, B, P)
+        if QTYPE == Q6_K:
+            d = tl.load(d_ptr + rows * stride_d + c // 2).to(tl.float32)[:, :, None]
+            s0, s1, s2, s3, s4, s5, s6, s7 = _split8(sc * d, B, P)
+            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(sc * (32.0 * d), B, P)
+        else:
+            mn = _row_entries(mn_ptr, at, 8, B, P)
+            d = tl.load(d_ptr + rows * stride_d + c).to(tl.float32)[:, :, None]
+            dmin = tl.load(dmin_ptr + rows * stride_d + c).to(tl.float32)[:, :, None]
+            s0, s1, s2, s3, s4, s5, s6, s7 = _split8(sc * d, B, P)
+            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(mn * dmin, B, P)
+    else:  # legacy: fp16 d (and m) per block of 32; weight d * (q - bias) or d * q + m
+        dd = _row_entries(d_ptr, at, 8, B, P)
+        s0, s1, s2, s3, s4, s5, s6, s7 = _split8(dd, B, P)
+        if QTYPE % 2 == 1:
+            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(-_row_entries(mn_ptr, at, 8, B, P), B, P)
+        elif HI:
+            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(dd * 16.0, B, P)
+        else:
+            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(dd * 8.0, B, P)
+    add = tl.zeros((B, P), dtype=tl.float32)
+    acc, add = _field(acc, add, i0, s0, t0, xd_ptr, xs_ptr, c, 0, G, OFFSET)
+    acc, add = _field(acc, add, i1, s1, t1, xd_ptr, xs_ptr, c, 1, G, OFFSET)
+    acc, add = _field(acc, add, i2, s2, t2, xd_ptr, xs_ptr, c, 2, G, OFFSET)
+    acc, add = _field(acc, add, i3, s3, t3, xd_ptr, xs_ptr, c, 3, G, OFFSET)
+    if G == 8:
+        acc, add = _field(acc, add, i4, s4, t4, xd_ptr, xs_ptr, c, 4, G, OFFSET)
+        acc, add = _field(acc, add, i5, s5, t5, xd_ptr, xs_ptr, c, 5, G, OFFSET)
+        acc, add = _field(acc, add, i6, s6, t6, xd_ptr, xs_ptr, c, 6, G, OFFSET)
+        acc, add = _field(acc, add, i7, s7, t7, xd_ptr, xs_ptr, c, 7, G, OFFSET)
+    # the offsets belong to the row once: the first of its threads adds them
+    return acc - tl.where(tl.arange(0, P)[None, :] == 0, add, 0.0)
+
+
+@triton.jit
+def gemv_int8_kernel(
+    xq_ptr, xd_ptr, xs_ptr,  # quantize_x_kernel's output for the weight's (W, G)
+    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    out_ptr,  # [SPLITS, N] float32 partials, or [N] in the output dtype when SPLITS == 1
+    N, n_chunks, per_split, stride_q, stride_s, stride_d, stride_os,
+    QTYPE: tl.constexpr,
+    HI: tl.constexpr,
+    W: tl.constexpr,  # words per chunk
+    G: tl.constexpr,  # fields (sub-blocks) per word
+    BLOCK_N: tl.constexpr,
+    TPR: tl.constexpr,  # threads a row: each reads every TPR-th group of four words
+    ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # rows past N read row N - 1 (in bounds; their results are never stored)
+    safe = tl.minimum(rows, N - 1)[:, None]
+    c0 = tl.program_id(1) * per_split
+    c1 = tl.minimum(c0 + per_split, n_chunks)
+    acc = tl.zeros((BLOCK_N, TPR), dtype=tl.float32)
+    if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
+        c = c0
+        while c < c1:
+            acc = _chunk(
+                acc, c, safe, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
+                dmin_ptr, stride_q, stride_s, stride_d, QTYPE, HI, W, G, BLOCK_N, TPR, True,
+            )  # fmt: skip
+            c += 1
+    else:
+        for c in range(c0, c1):
+            acc = _chunk(
+                acc, c, safe, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
+                dmin_ptr, stride_q, stride_s, stride_d, QTYPE, HI, W, G, BLOCK_N, TPR, False,
+            )  # fmt: skip
+    store_rows(out_ptr, tl.sum(acc, axis=1), rows, N, stride_os, BLOCK_N, ACT)
+
+
+def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
+    """x [K] -> (xq, xd, xs) for gemv_int8_kernel over pw's layout (one small launch)."""
+    f = fields(pw)
+    k = pw.shape[1]
+    chunks = k // (f["W"] * f["G"])
+    xq = torch.empty(k // 4, dtype=torch.int32, device=x.device)
+    xd = torch.empty(chunks * f["G"], dtype=torch.float32, device=x.device)
+    xs = torch.empty_like(xd)
+    quantize_x_kernel[(chunks,)](x, xq, xd, xs, W=f["W"], G=f["G"], num_warps=1)
+    return xq, xd, xs
+
+
+def launch_int8(x, pw, target, grid, n_chunks, per_split, cfg, act, interp) -> None:
+    """gemv_int8_kernel over pw for the row x ([K]) into target; cfg: BLOCK_N, num_warps and
+    TPR (threads a row, default 1; at most the groups of four words a chunk has)."""
+    xq, xd, xs = prepare_int8(x, pw)
+    tpr = min(cfg.get("TPR", 1), WORDS[pw.qtype] // 4)
+    gemv_int8_kernel[grid](
+        xq, xd, xs, *planes(pw), target, pw.shape[0], n_chunks, per_split, *strides(pw),
+        pw.shape[0], **fields(pw), BLOCK_N=cfg["BLOCK_N"], TPR=tpr, ACT=act,
+        INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
+    )  # fmt: skip
+
+
+assert all(WORDS[t] in (16, 32) for t in INT8_TYPES)

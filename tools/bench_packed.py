@@ -40,9 +40,9 @@ def timed(x: torch.Tensor, pw, copies, cfg: dict | None) -> float:
         return float("inf")
 
 
-def families(m: int, n: int, k: int, device: torch.device) -> list[dict]:
+def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[dict]:
     """The default tiles and one config of each alternative kernel family for this M."""
-    base = default_config(m, n, k, device)
+    base = default_config(m, n, k, device, qtype)
     if m == 1:
         return [
             base,
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
                 cands = candidates(m, pw)[:: 3 if args.quick else 1]
                 if args.families:
-                    cands = families(m, n, k, x.device)
+                    cands = families(m, n, k, x.device, qtype)
                 results = [(timed(x, pw, copies, c), c) for c in cands]
                 if args.families:  # each family's time, then the usual line
                     times = "  ".join(f"{label(c)} {t * 1e3:.1f} us" for t, c in results)

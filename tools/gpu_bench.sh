@@ -58,6 +58,10 @@ if [ ! -x $BUILD/bin/llama-server ] && [ ! -f /tmp/llama-build.log ]; then  # no
     > /tmp/llama-build.log 2>&1 < /dev/null &
 fi
 R="$OUT/results.jsonl"; : > "$R"
+if [ -n "${PROFILE:-}" ]; then  # where a C=64 decode step's time goes (engine, no HTTP)
+  timeout ${PROFILE_S:-120} python3 -m tools.profile_step "$MODEL" --concurrency 64 2>&1 \
+    | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step.txt"
+fi
 skiff_up 8080 34000 || { tail -50 "$OUT/skiff-8080.log"; exit 1; }
 python3 -m tools.bench_serving http://127.0.0.1:8080 w2 --label skiff 2>&1 | tee -a "$R"
 python3 -m tools.bench_serving http://127.0.0.1:8080 w3 --label skiff 2>&1 | tee -a "$R"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from gguf import GGMLQuantizationType
 
 from shared.kernels.device import interpreted
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
@@ -169,7 +170,7 @@ def packed_matmul(
     if m == 0 or n == 0:
         return out
     n_chunks = k // CHUNK[pw.qtype]
-    cfg = config or default_config(m, n, k, x.device)
+    cfg = config or default_config(m, n, k, x.device, pw.qtype)
     interp = interpreted(_gemv_kernel)
     if m == 1:
         tiles = triton.cdiv(n, cfg["BLOCK_N"])
@@ -220,21 +221,25 @@ ACTS = {0: None, 1: silu_mul, 2: gelu_mul}
 
 
 def default_config(
-    m: int, n: int, k: int, device: torch.device, block_n: int = 16
+    m: int, n: int, k: int, device: torch.device, qtype: int = 0, block_n: int = 16
 ) -> dict[str, int]:
     """Fixed tiles by M, used when no tuned entry exists for the device. For M = 1 the chunk loop
     is split until there are about four programs per SM (the H200's measured winners: 16-row
-    tiles, 4 warps, 512 programs for 4096 x 4096 and 1024 x 4096), partials summed afterwards."""
+    tiles, 4 warps, 512 programs for 4096 x 4096 and 1024 x 4096), partials summed afterwards.
+    Decode batches and prefill follow the H200 sweep of 2026-11-30 (BENCHMARKS.md): WIDE with
+    32-row tiles for 17-64 rows (and for Q6_K from 2), the dense copy and torch's matmul above
+    64 rows on CUDA (1.0-2.3x faster than the fused tiles at 512 rows, every 8B shape but one)."""
     if m == 1:
         split = auto_split(triton.cdiv(n, block_n), device, per_sm=4, most=8)
         return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
     if m <= 16:
+        if qtype == GGMLQuantizationType.Q6_K:
+            return {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "WIDE": 1}
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:
-        # WIDE (one dot a chunk) is a tuner candidate: with 64-row tiles it needs 255 registers
-        # for Q4_K (kernel_sass), with 32 it beats these tiles only per tile, not per weight
-        return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    # The dense path (DEQUANT) is a tuner candidate, not the default: its only GPU run so far
-    # (W2/W3 at 633978d) showed 512-token steps of ~70 ms against ~49 ms for these tiles (pp512).
+        # 32-row tiles: with 64 WIDE needs 255 registers for Q4_K (kernel_sass)
+        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "WIDE": 1}
+    if device.type == "cuda":
+        return {"DEQUANT": 1}
     # 3 stages of 128 x 128 tiles exceed the H200's 227 KiB of shared memory for some types
     return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}

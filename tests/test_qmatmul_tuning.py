@@ -17,6 +17,7 @@ from shared.kernels.qmatmul.tuning import BUCKETS, Tuner, agrees, bucket, candid
 from tests.test_kernel_packed_matmul import random_raw
 
 KERNELS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_buckets() -> None:
@@ -42,8 +43,8 @@ def test_candidates_are_complete_configs(qtype: T) -> None:
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0])
 def test_unrolled_candidates_compute_the_product(qtype: T) -> None:
     n, k = 24, 2048
-    pw = pack(random_raw(qtype, n, k, seed=3), qtype, (n, k))
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(4))
+    pw = pack(random_raw(qtype, n, k, seed=3).to(DEVICE), qtype, (n, k))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     want = x.double() @ unpack(pw).double().T
     for cfg in [c for c in candidates(1, pw) if c.get("UNROLL")][:4]:
         assert agrees(packed_matmul(x, pw, torch.float32, cfg), want), cfg

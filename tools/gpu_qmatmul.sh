@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: profile (ncu, tools/gpu_profile.sh)
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: profile (ncu, tools/gpu_profile.sh), step
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
   [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -33,6 +33,12 @@ case " $STAGES " in *" tests "*)
 esac
 case " $STAGES " in *" profile "*)
   timeout 100 bash tools/gpu_profile.sh ;;
+esac
+case " $STAGES " in *" step "*)  # where a batch-1 decode step's time goes (first of W1_TYPES)
+  models 2>&1
+  t=${TYPES%% *}
+  timeout ${STEP_S:-120} python3 -m tools.profile_step /tmp/l3-$t.gguf --concurrency 1 --steps 50 \
+    --rows 25 2>&1 | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step-c1.txt" ;;
 esac
 case " $STAGES " in *" w1 "*)
   models 2>&1

@@ -14,7 +14,9 @@ BUILD=/tmp/llama-build
 BATCH_TOKENS=${BATCH_TOKENS:-512}
 MODEL=${MODEL_PATH:-$MODEL}  # e.g. a Q4_K_M file from tools/llama3_shape.py --type q4_k_m
 # SERVE_ARGS=--overlap: overlapped engine steps; SERVE_ARGS_B: a second configuration (A/B);
-# LLAMA_BENCH=1: llama-bench (W1) on the same file at the end
+# LLAMA_BENCH=1: llama-bench (W1) on the same file at the end; PROFILE=1 / PROFILE_C=1: the
+# engine's step profile (tools/profile_step) at 64 / 1 sequences first; ONLY_B=1: configuration
+# B alone (no A, no llama.cpp: for a follow-up call beside an earlier one's llama.cpp numbers)
 
 wait_health() {  # url timeout_s
   for _ in $(seq 1 "$2"); do
@@ -53,19 +55,21 @@ fi
 
 # run
 [ -f $MODEL ] || python3 -m tools.llama3_shape $MODEL --type ${MODEL_TYPE:-f16}
-if [ ! -x $BUILD/bin/llama-server ] && [ ! -f /tmp/llama-build.log ]; then  # none running
+if [ -z "${ONLY_B:-}" ] && [ ! -x $BUILD/bin/llama-server ] && [ ! -f /tmp/llama-build.log ]; then
   setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
     > /tmp/llama-build.log 2>&1 < /dev/null &
 fi
 R="$OUT/results.jsonl"; : > "$R"
-if [ -n "${PROFILE:-}" ]; then  # where a C=64 decode step's time goes (engine, no HTTP)
-  timeout ${PROFILE_S:-120} python3 -m tools.profile_step "$MODEL" --concurrency 64 2>&1 \
-    | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step.txt"
+for c in ${PROFILE:+64} ${PROFILE_C:+1}; do  # where a decode step's time goes (engine, no HTTP)
+  timeout ${PROFILE_S:-120} python3 -m tools.profile_step "$MODEL" --concurrency $c --rows 25 \
+    2>&1 | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step-c$c.txt"
+done
+if [ -z "${ONLY_B:-}" ]; then
+  skiff_up 8080 34000 || { tail -50 "$OUT/skiff-8080.log"; exit 1; }
+  python3 -m tools.bench_serving http://127.0.0.1:8080 w2 --label skiff 2>&1 | tee -a "$R"
+  python3 -m tools.bench_serving http://127.0.0.1:8080 w3 --label skiff 2>&1 | tee -a "$R"
+  skiff_down
 fi
-skiff_up 8080 34000 || { tail -50 "$OUT/skiff-8080.log"; exit 1; }
-python3 -m tools.bench_serving http://127.0.0.1:8080 w2 --label skiff 2>&1 | tee -a "$R"
-python3 -m tools.bench_serving http://127.0.0.1:8080 w3 --label skiff 2>&1 | tee -a "$R"
-skiff_down
 if [ -n "${SERVE_ARGS_B:-}" ]; then  # a second Skiff configuration (A/B): W2 at C=64 and W3
   SERVE_ARGS=$SERVE_ARGS_B skiff_up 8081 34000 || tail -50 "$OUT/skiff-8081.log"
   python3 -m tools.bench_serving http://127.0.0.1:8081 w2 --concurrency 64 \
@@ -74,6 +78,7 @@ if [ -n "${SERVE_ARGS_B:-}" ]; then  # a second Skiff configuration (A/B): W2 at
     | tee -a "$R"
   skiff_down
 fi
+[ -n "${ONLY_B:-}" ] && { cache_save; exit 0; }
 for _ in $(seq 1 400); do [ -x $BUILD/bin/llama-server ] && break; sleep 1; done
 [ -x $BUILD/bin/llama-server ] || { tail -30 /tmp/llama-build.log; exit 1; }
 setsid $BUILD/bin/llama-server -m $MODEL -ngl 99 -fa on -np 256 -c 262144 --port 8090 \

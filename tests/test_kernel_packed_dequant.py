@@ -8,10 +8,12 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
+from shared.kernels.qmatmul.packed_gemm import SMALL_TILE
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from tests.test_kernel_packed_matmul import random_raw
 
@@ -40,8 +42,23 @@ def test_dequant_path_computes_the_product(qtype: T) -> None:
     want = x.double() @ unpack(pw).double().T
     got = packed_matmul(x, pw, config={"DEQUANT": 1})
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
-    fused = packed_matmul(x, pw)
+    fused = packed_matmul(x, pw, config=SMALL_TILE)  # the fused GEMM's tiles
     torch.testing.assert_close(got, fused, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("act", [0, 1, 2], ids=["none", "silu", "gelu"])
+def test_dequant_path_in_bf16_with_and_without_the_gated_activation(act: int) -> None:
+    n, k, m = 64, 512, 70
+    pw = pack(random_raw(T.Q4_K, n, k, seed=act).to(DEVICE), T.Q4_K, (n, k))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(act)).to(DEVICE)
+    xb = x.to(torch.bfloat16)
+    got = packed_matmul(xb, pw, config={"DEQUANT": 1}, act=act)
+    y = xb.double() @ unpack(pw).to(torch.bfloat16).double().T
+    if act:
+        g, u = y[:, 0::2], y[:, 1::2]
+        y = (F.silu(g) if act == 1 else F.gelu(g, approximate="tanh")) * u
+    assert got.dtype == torch.bfloat16 and got.shape == y.shape
+    torch.testing.assert_close(got.double(), y, rtol=2e-2, atol=2e-2 * y.abs().max().item())
 
 
 def test_dequantize_packed_rejects_a_wrong_out() -> None:

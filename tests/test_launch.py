@@ -127,7 +127,7 @@ def test_gateway_and_worker_commands_agree_on_ports() -> None:
 def test_worker_options_are_passed_on() -> None:
     config = ServeConfig(
         model=Path("/m.gguf"), dtype="float16", max_model_len=1024, kv_blocks=64,
-        max_batch_tokens=256, overlap=True, step_target_ms=20.0,
+        max_batch_tokens=256, overlap=True, step_target_ms=20.0, dense_copies="off",
     )  # fmt: skip
     plan = launch.plan_processes(config, ["cpu"], launch.local_endpoints())
     argv = plan.workers["worker cpu"]
@@ -137,10 +137,13 @@ def test_worker_options_are_passed_on() -> None:
     assert _flag(argv, "--max-batch-tokens") == "256"
     assert "--overlap" in argv
     assert _flag(argv, "--step-target-ms") == "20.0"
+    assert _flag(argv, "--dense-copies") == "off"
     # the worker accepts what the plan passes
     from shared.worker.config import parse_worker_args
 
     assert parse_worker_args(["--model", "/m.gguf", "--overlap"], "decode").overlap
+    assert parse_worker_args(["--model", "/m.gguf"], "decode").dense_copies == "auto"
+    assert parse_worker_args(["--model", "/m", "--dense-copies", "off"], "d").dense_copies == "off"
 
 
 def test_wildcard_hosts_print_a_reachable_url() -> None:

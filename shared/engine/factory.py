@@ -34,6 +34,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # decode steps on CUDA replay captured graphs
     overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
     step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
+    dense_copies: str = "auto"  # auto / on / off: dense copies of packed weights (big batches)
 
 
 @dataclass
@@ -59,7 +60,7 @@ def _default_kv_blocks(
 def build_engine(cfg: EngineConfig) -> LoadedEngine:
     f = GGUFFile(cfg.model_path)
     dtype = getattr(torch, cfg.dtype)
-    model = load_model(f, cfg.device, dtype, cfg.cache_dequantized)
+    model = load_model(f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies)
     mc = model.cfg
     max_len = cfg.max_model_len or min(mc.context_length, 8192)
     kv_dtype = resolve_kv_dtype(cfg.kv_dtype, dtype, cfg.device)

@@ -35,6 +35,7 @@ class ServeConfig:
     max_batch_tokens: int | None = None
     overlap: bool = False  # workers prepare step N+1 while the device runs step N
     step_target_ms: float | None = None  # workers cap prompt chunks beside decodes
+    dense_copies: str | None = None  # None: the workers' default (auto)
     stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
 
     @property
@@ -56,6 +57,7 @@ class ServeConfig:
             max_batch_tokens=args.max_batch_tokens,
             overlap=args.overlap,
             step_target_ms=args.step_target_ms,
+            dense_copies=args.dense_copies,
             stop_timeout_s=args.stop_timeout,
         )
 
@@ -85,6 +87,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="workers keep steps that carry decodes near this duration (prompt chunk cap)",
+    )
+    p.add_argument(
+        "--dense-copies",
+        default=None,
+        choices=["auto", "on", "off"],
+        help="dense copies of quantized weights for batches of more than 16 rows (default auto: "
+        "where the GPU has four times their size free)",
     )
     p.add_argument(
         "--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL"
@@ -192,6 +201,7 @@ def plan_processes(
         "--kv-blocks": config.kv_blocks,
         "--max-batch-tokens": config.max_batch_tokens,
         "--step-target-ms": config.step_target_ms,
+        "--dense-copies": config.dense_copies,
     }
     extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
     if config.overlap:

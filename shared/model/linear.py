@@ -7,7 +7,10 @@ Three ways to multiply, chosen once at load time:
 - packed kernels (``use_kernels``, every quantized type when K is a multiple of the type's
   chunk, 128 or 256): the GGUF blocks are repacked into the kernels' plane layout
   (``shared.kernels.qmatmul.packed``, bit-identical when dequantized) and the raw blocks are
-  dropped; a kernel that fails to build on the device falls back to dequantizing the planes;
+  dropped; a kernel that fails to build on the device falls back to dequantizing the planes.
+  A layer may also keep a dense copy beside its planes (``dense_copy``, made by
+  ``shared.model.dense_copies`` where memory allows): batches of more than ``dense_rows`` rows
+  then multiply by it (torch's matmul) and smaller ones read the packed planes;
 - otherwise the GGUF blocks stay: with ``use_kernels``, decode-sized batches (M <= 64) of
   Q4_0..Q8_0 / Q4_K..Q6_K run the in-place GEMVs and the rest dequantize (torch, bit-exact) and
   matmul; without, every call dequantizes.
@@ -62,6 +65,8 @@ class QuantLinear(nn.Module):
         self.tuner = tuner
         self.kernel_error: str | None = None  # set when the packed kernels fail to build here
         self.gated_act = 0  # > 0: rows are gate/up pairs, multiplied by GatedLinear
+        self.dense_copy: torch.Tensor | None = None  # unpack(packed) in compute_dtype, or None
+        self.dense_rows = 0  # batches of more rows multiply by dense_copy
         if qtype in FLOAT_TYPES or cache_dequantized:
             self._dense = self._dequantize()
             if qtype in FLOAT_TYPES:
@@ -98,13 +103,19 @@ class QuantLinear(nn.Module):
             return False
         return True
 
+    def matmul_args(self, x2: torch.Tensor) -> dict:
+        """packed_matmul's config (and dense copy) for the activation rows x2."""
+        m = x2.shape[0]
+        if self.dense_copy is not None and m > self.dense_rows:
+            return {"config": {"DEQUANT": 1}, "dense": self.dense_copy}
+        return {"config": self.tuner.config(self.packed, m, x2.dtype) if self.tuner else None}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel_error is not None:
             return F.linear(x, self.weight(), self.bias)
         if self.packed is not None:
             x2 = x.reshape(-1, self.shape[1])
-            cfg = self.tuner.config(self.packed, x2.shape[0], x2.dtype) if self.tuner else None
-            y = packed_matmul(x2, self.packed, config=cfg)
+            y = packed_matmul(x2, self.packed, **self.matmul_args(x2))
         elif self._gemv is not None and x.numel() <= _GEMV_MAX_M * self.shape[1]:
             y = self._gemv(x.reshape(-1, self.shape[1]), self.raw, self.qtype)
         else:
@@ -158,8 +169,7 @@ class GatedLinear(nn.Module):
         lin = self.fused
         if lin.packed is not None and lin.kernel_error is None:
             x2 = x.reshape(-1, lin.shape[1])
-            cfg = lin.tuner.config(lin.packed, x2.shape[0], x2.dtype) if lin.tuner else None
-            y = packed_matmul(x2, lin.packed, config=cfg, act=self.act)
+            y = packed_matmul(x2, lin.packed, act=self.act, **lin.matmul_args(x2))
             return y.reshape(*x.shape[:-1], lin.shape[0] // 2)
         y = lin(x)  # dense or dequantizing: the activation in torch
         return ACTS[self.act](y[..., 0::2], y[..., 1::2])

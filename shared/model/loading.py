@@ -7,6 +7,7 @@ import torch
 from shared.loader import GGUFFile
 from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
+from shared.model.dense_copies import add_dense_copies
 from shared.model.gemma3 import Gemma3ForCausalLM
 from shared.model.llama import LlamaForCausalLM
 from shared.model.ops_backend import ops_for
@@ -26,13 +27,17 @@ def load_model(
     compute_dtype: torch.dtype = torch.float32,
     cache_dequantized: bool | None = None,
     ops: str = "auto",
+    dense_copies: str = "off",
 ) -> CausalLM:
     """`cache_dequantized` defaults to True on the CPU, where per-call dequantization dominates;
-    `ops` picks the op implementations: "auto" (Triton on CUDA), "torch" or "triton"."""
+    `ops` picks the op implementations: "auto" (Triton on CUDA), "torch" or "triton";
+    `dense_copies` (auto / on / off): dense copies of packed weights beside them for batches of
+    more than 16 rows (shared.model.dense_copies)."""
     cfg = ModelConfig.from_gguf(f)
     if cache_dequantized is None:
         cache_dequantized = torch.device(device).type == "cpu"
     w = WeightLoader(f, device, compute_dtype, cache_dequantized, ops_for(device, ops))
     model = ARCHITECTURES[cfg.arch](cfg, w).eval()
     tune_linears(model)
+    add_dense_copies(model, dense_copies)
     return model

@@ -25,6 +25,7 @@ class WorkerConfig:
     max_batch_tokens: int = 2048
     overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
     step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
+    dense_copies: str = "auto"  # dense copies of packed weights for big batches (auto/on/off)
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -79,6 +80,13 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         help="keep steps that carry decodes near this duration by capping their prompt chunk "
         "(0: no cap beyond --max-batch-tokens)",
     )
+    p.add_argument(
+        "--dense-copies",
+        default=env("SKIFF_DENSE_COPIES", "auto"),
+        choices=["auto", "on", "off"],
+        help="keep a dense copy of each quantized weight for batches of more than 16 rows "
+        "(auto: on a GPU with four times the copies' size free; env SKIFF_DENSE_COPIES)",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -96,5 +104,6 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         max_batch_tokens=a.max_batch_tokens,
         overlap=a.overlap,
         step_target_ms=a.step_target_ms,
+        dense_copies=a.dense_copies,
         worker_id=a.worker_id,
     )

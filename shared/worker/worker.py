@@ -174,6 +174,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             max_batch_tokens=cfg.max_batch_tokens,
             overlap=cfg.overlap,
             step_target_ms=cfg.step_target_ms,
+            dense_copies=cfg.dense_copies,
         )
     )
     engine = loaded.engine

@@ -142,6 +142,7 @@ def packed_matmul(
     out_dtype: torch.dtype | None = None,
     config: dict[str, int] | None = None,
     act: int = 0,
+    dense: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
@@ -155,7 +156,8 @@ def packed_matmul(
     outside ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row). M > 1: ``BLOCK_M``,
     ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a chunk), or
     ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then torch's matmul). An absent
-    ``SPLIT_K`` splits K when the tiles leave SMs idle.
+    ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made once and kept
+    (``[N, K]`` in x's dtype): ``DEQUANT`` multiplies by it instead of dequantizing each call.
     """
     n, k = pw.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:
@@ -205,7 +207,9 @@ def packed_matmul(
             sum_splits_kernel[grid](target, out, out.numel(), SPLITS=splits, BLOCK=1024, ACT=act)
         return out
     if cfg.get("DEQUANT"):  # prefill sizes: one pass to a dense copy, then the dense matmul
-        w = dequantize_packed(pw, x.dtype)
+        if dense is not None and (dense.shape != (n, k) or dense.dtype != x.dtype):
+            raise ValueError(f"packed_matmul: dense must be [{n}, {k}] {x.dtype}")
+        w = dense if dense is not None else dequantize_packed(pw, x.dtype)
         if act:  # one launch reads the interleaved gate/up product and writes act(gate) * up
             y = x @ w.T
             grid = (triton.cdiv(out.numel(), 1024),)

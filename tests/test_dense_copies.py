@@ -1,0 +1,95 @@
+"""Dense copies of packed weights (shared/model/dense_copies.py): batches above the row limit
+multiply by the copy, smaller ones by the packed planes, both give the product; `auto` makes no
+copy on the CPU or where memory is short; `off` none; a bad mode is refused."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as T
+
+from shared.kernels.qmatmul.packed import unpack
+from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from shared.model.dense_copies import add_dense_copies
+from shared.model.linear import GatedLinear, QuantLinear
+from tests.test_kernel_packed_matmul import random_raw
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+K = 512
+
+
+def _layer(qtype: T, n: int, seed: int) -> QuantLinear:
+    raw = random_raw(qtype, n, K, seed=seed).to(DEVICE)
+    return QuantLinear(raw, qtype, (n, K), torch.float32, use_kernels=True)
+
+
+def _calls(monkeypatch) -> list[bool]:
+    """Records, per packed_matmul call, whether it was handed a dense copy."""
+    seen: list[bool] = []
+    real = packed_matmul
+
+    def spy(*args, **kw):
+        seen.append(kw.get("dense") is not None)
+        return real(*args, **kw)
+
+    monkeypatch.setattr("shared.model.linear.packed_matmul", spy)
+    return seen
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_big_batches_use_the_copy_small_ones_the_planes(qtype: T, monkeypatch) -> None:
+    layer = _layer(qtype, 40, seed=int(qtype))
+    model = torch.nn.Sequential(layer)
+    size = add_dense_copies(model, "on", rows=4)
+    assert size == 40 * K * 4 and layer.dense_rows == 4
+    assert torch.equal(layer.dense_copy, unpack(layer.packed))  # float32: the exact values
+    seen = _calls(monkeypatch)
+    for m in (1, 4, 5, 9):
+        x = torch.randn(m, K, device=DEVICE)
+        want = x.double() @ unpack(layer.packed).double().T
+        torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4)
+    assert seen == [False, False, True, True]
+
+
+@pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
+def test_gated_layers_use_the_copy_with_the_activation(act: int, monkeypatch) -> None:
+    f = 24
+    fused = _layer(T.Q4_K, 2 * f, seed=act)  # rows: gate/up pairs
+    layer = GatedLinear(fused, act)
+    add_dense_copies(torch.nn.Sequential(layer), "on", rows=2)
+    seen = _calls(monkeypatch)
+    x = torch.randn(6, K, device=DEVICE)
+    y = x.double() @ unpack(fused.packed).double().T
+    g, u = y[:, 0::2], y[:, 1::2]
+    want = (F.silu(g) if act == 1 else F.gelu(g, approximate="tanh")) * u
+    torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4)
+    assert seen == [True]
+
+
+def test_auto_and_off_make_no_copy_here(monkeypatch) -> None:
+    layer = _layer(T.Q4_K, 16, seed=1)
+    model = torch.nn.Sequential(layer)
+    assert add_dense_copies(model, "off") == 0 and layer.dense_copy is None
+    if DEVICE == "cpu":
+        assert add_dense_copies(model, "auto") == 0 and layer.dense_copy is None
+    else:  # a device whose free memory is short of four times the copies
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (16 * K * 4 * 3, 1))
+        assert add_dense_copies(model, "auto") == 0 and layer.dense_copy is None
+    with pytest.raises(ValueError, match="not one of"):
+        add_dense_copies(model, "always")
+
+
+def test_packed_matmul_checks_the_copy() -> None:
+    layer = _layer(T.Q8_0, 8, seed=2)
+    x = torch.randn(3, K, device=DEVICE)
+    with pytest.raises(ValueError, match="dense must be"):
+        packed_matmul(
+            x, layer.packed, config={"DEQUANT": 1}, dense=torch.zeros(8, K // 2, device=DEVICE)
+        )

@@ -118,8 +118,9 @@ def test_exact_activations_give_the_product(qtype: T, split: int) -> None:
     pw = pack(random_raw(qtype, n, k, seed=int(qtype) + split).to(DEVICE), qtype, (n, k))
     x = representable(k, _layout(qtype)[0], seed=split).to(DEVICE)
     want = x.double() @ unpack(pw).double().T
-    tpr = 1 if split == 1 else 4  # threads a row: one, or four (two for Q6_K's four groups)
+    tpr = 1 if split == 1 else 4  # threads a row: one, or four (Q6_K has four groups)
     cfg = {"BLOCK_N": 32 // tpr, "SPLIT_K": split, "num_warps": 1, "INT8": 1, "TPR": tpr}
+    cfg["PREFETCH"] = split > 1  # (the interpreter runs one loop for both)
     got = packed_matmul(x, pw, torch.float32, config=cfg)
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
 
@@ -131,7 +132,8 @@ def test_random_activations_stay_within_the_rounding_bound(qtype: T) -> None:
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(7)).to(DEVICE)
     w = unpack(pw).double()
     want = x.double() @ w.T
-    got = packed_matmul(x, pw, torch.float32, config={"BLOCK_N": 64, "num_warps": 2, "INT8": 1})
+    cfg = {"BLOCK_N": 64, "num_warps": 2, "INT8": 1, "PREFETCH": 1}
+    got = packed_matmul(x, pw, torch.float32, config=cfg)
     # each activation moves by at most half its sub-block's step: |error| <= |W| @ step / 2
     blocks = x.double().reshape(-1, _layout(qtype)[0])
     step = (blocks.abs().amax(1, keepdim=True) / 127).expand_as(blocks).reshape(1, k)
@@ -148,6 +150,7 @@ def test_gated_epilogue(act: int, split: int) -> None:
     pw = pack(random_raw(T.Q4_K, n, k, seed=act).to(DEVICE), T.Q4_K, (n, k))
     x = representable(k, 32, seed=act).to(DEVICE)
     cfg = {"BLOCK_N": 16, "SPLIT_K": split, "num_warps": 1, "INT8": 1, "TPR": 2}
+    cfg["PREFETCH"] = split > 1
     got = packed_matmul(x, pw, torch.float32, cfg, act=act)
     y = x.double() @ unpack(pw).double().T
     g, u = y[:, 0::2], y[:, 1::2]

@@ -48,7 +48,10 @@ def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[d
             base,
             {"BLOCK_N": 64, "num_warps": 2, "FACTOR": 1},
             {"BLOCK_N": 64, "num_warps": 4, "FACTOR": 1},
-            *({"BLOCK_N": b, "num_warps": w, "INT8": 1, "TPR": t} for b, w, t in INT8_TILES),
+            *(
+                {"BLOCK_N": b, "num_warps": w, "INT8": 1, "TPR": t, "PREFETCH": f}
+                for b, w, t, f in INT8_TILES
+            ),
         ]
     if m <= 64:
         return [base, {**base, "BLOCK_N": 32}, {**base, "BLOCK_N": 32, "WIDE": 1}]
@@ -59,6 +62,7 @@ def label(cfg: dict) -> str:
     for key in ("FACTOR", "INT8", "WIDE", "DEQUANT"):
         if cfg.get(key):
             tpr = f",tpr{cfg['TPR']}" if "TPR" in cfg else ""
+            tpr += ",pf" if cfg.get("PREFETCH") else ""
             return f"{key.lower()}({cfg.get('BLOCK_N', '')},{cfg.get('num_warps', '')}{tpr})"
     return f"tiles({cfg.get('BLOCK_M', 1)}x{cfg['BLOCK_N']},{cfg.get('num_warps', '')})"
 

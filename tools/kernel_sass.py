@@ -77,7 +77,11 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         xq = torch.empty(k // 4, dtype=torch.int32)
         xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
         args = [xq, xd, xs, *_planes(pw), out, n, chunks, chunks // 2, *strides, n]
-        return i8.gemv_int8_kernel, args, {**fields, "BLOCK_N": 128, "TPR": 1, "ACT": act}
+        return (
+            i8.gemv_int8_kernel,
+            args,
+            {**fields, "BLOCK_N": 128, "TPR": 1, "PREFETCH": True, "ACT": act},
+        )
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]

@@ -84,28 +84,124 @@ def _split8(t, B: tl.constexpr, P: tl.constexpr):
 
 
 @triton.jit
-def _row_entries(ptr, at, N: tl.constexpr, B: tl.constexpr, P: tl.constexpr):
+def _row_entries(ptr, at, live, N: tl.constexpr, B: tl.constexpr, P: tl.constexpr):
     """The N consecutive entries at ptr + at ([B, 1]: one offset a row) for each of the P
-    threads of a row -> [B, P, N] float32 (the threads of a row read the same ones)."""
+    threads of a row -> [B, P, N] (the threads of a row read the same ones)."""
     offs = tl.broadcast_to(at[:, :, None] + tl.arange(0, N)[None, None, :], (B, P, N))
-    return tl.load(ptr + offs).to(tl.float32)
+    return tl.load(ptr + offs, mask=live, other=0)
 
 
 @triton.jit
-def _codes(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, base, B: tl.constexpr,
-           P: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
-    """Words base .. base + 3 ([B, P], multiples of 4) -> per field j a word of four codes
-    (byte t: word t's field j)."""
-    w0, w1, w2, w3 = _split4(
-        tl.load(q_ptr + base[:, :, None] + tl.arange(0, 4)[None, None, :]), B, P
+def _groups(t, B: tl.constexpr, P: tl.constexpr, NG: tl.constexpr):
+    """[B, P, 4, NG] (NG = 1, 2, 4 or 8) -> 8 [B, P, 4] tensors: entries 0 .. NG - 1 of the last
+    axis in order, the rest repeats (pure register moves: every thread holds its last axis)."""
+    if NG == 1:
+        g0 = tl.reshape(t, (B, P, 4))
+        g1, g2, g3, g4, g5, g6, g7 = g0, g0, g0, g0, g0, g0, g0
+    elif NG == 2:
+        g0, g1 = tl.split(t)
+        g2, g3, g4, g5, g6, g7 = g0, g1, g0, g1, g0, g1
+    elif NG == 4:
+        e, o = tl.split(tl.reshape(t, (B, P, 4, 2, 2)))  # e: entries 0, 2; o: 1, 3
+        g0, g2 = tl.split(e)
+        g1, g3 = tl.split(o)
+        g4, g5, g6, g7 = g0, g1, g2, g3
+    else:
+        e, o = tl.split(tl.reshape(t, (B, P, 4, 4, 2)))  # e: 0, 2, 4, 6; o: 1, 3, 5, 7
+        ee, eo = tl.split(tl.reshape(e, (B, P, 4, 2, 2)))  # 0, 4 | 2, 6
+        oe, oo = tl.split(tl.reshape(o, (B, P, 4, 2, 2)))  # 1, 5 | 3, 7
+        g0, g4 = tl.split(ee)
+        g2, g6 = tl.split(eo)
+        g1, g5 = tl.split(oe)
+        g3, g7 = tl.split(oo)
+    return g0, g1, g2, g3, g4, g5, g6, g7
+
+
+@triton.jit
+def _parts(t, B: tl.constexpr, P: tl.constexpr, NG: tl.constexpr):
+    """[B, P, NG] -> 8 [B, P] tensors, as _groups."""
+    if NG == 1:
+        g0 = tl.reshape(t, (B, P))
+        g1, g2, g3, g4, g5, g6, g7 = g0, g0, g0, g0, g0, g0, g0
+    elif NG == 2:
+        g0, g1 = tl.split(t)
+        g2, g3, g4, g5, g6, g7 = g0, g1, g0, g1, g0, g1
+    elif NG == 4:
+        e, o = tl.split(tl.reshape(t, (B, P, 2, 2)))
+        g0, g2 = tl.split(e)
+        g1, g3 = tl.split(o)
+        g4, g5, g6, g7 = g0, g1, g2, g3
+    else:
+        e, o = tl.split(tl.reshape(t, (B, P, 4, 2)))
+        ee, eo = tl.split(tl.reshape(e, (B, P, 2, 2)))
+        oe, oo = tl.split(tl.reshape(o, (B, P, 2, 2)))
+        g0, g4 = tl.split(ee)
+        g2, g6 = tl.split(eo)
+        g1, g5 = tl.split(oe)
+        g3, g7 = tl.split(oo)
+    return g0, g1, g2, g3, g4, g5, g6, g7
+
+
+@triton.jit
+def _load(
+    QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    rows, c, live, stride_q, stride_s, stride_d, W: tl.constexpr, G: tl.constexpr,
+    B: tl.constexpr, P: tl.constexpr,
+):  # fmt: skip
+    """Every load of chunk c (masked by `live`): the thread's groups of four words
+    [B, P, NG, 4], their high-bit entries [B, P, NG], the per-sub-block scale and offset
+    entries [B, P, G] and the per-row factors [B, 1, 1]. Issued together, so a kernel can
+    request chunk c + 1 before it multiplies chunk c."""
+    NG: tl.constexpr = W // 4 // P
+    p = tl.arange(0, P)[None, :, None]
+    g = tl.arange(0, NG)[None, None, :]
+    base = rows[:, :, None] * stride_q + c * W + 4 * (p + P * g)  # [B, P, NG]
+    words = tl.load(
+        q_ptr + base[:, :, :, None] + tl.arange(0, 4)[None, None, None, :], mask=live, other=0
     )
+    hi = base  # (no high plane: never read)
+    if QTYPE == Q6_K:  # four int16 entries of the group: one 64-bit load
+        hi = tl.load(hi_ptr.to(tl.pointer_type(tl.int64)) + base // 4, mask=live, other=0)
+    elif HI:  # four uint8 entries: one 32-bit load
+        hi = tl.load(hi_ptr.to(tl.pointer_type(tl.int32)) + base // 4, mask=live, other=0)
+    at = rows * stride_s + c * G
+    one = tl.full((B, 1, 1), 1.0, dtype=tl.float32)
+    if QTYPE == Q8_0:  # d per sub-block; weight = q * d
+        sa = _row_entries(d_ptr, at, live, G, B, P).to(tl.float32)
+        sb, fa, fb = sa, one, one * 0.0
+    elif QTYPE == Q6_K:  # weight = d * sc * (q - 32)
+        sa = _row_entries(sc_ptr, at, live, G, B, P).to(tl.float32)
+        d = tl.load(d_ptr + rows * stride_d + c // 2, mask=live, other=0).to(tl.float32)
+        sb, fa, fb = sa, d[:, :, None], 32.0 * d[:, :, None]
+    elif QTYPE >= Q4_K:  # weight = d * sc * q - dmin * mn
+        sa = _row_entries(sc_ptr, at, live, G, B, P).to(tl.float32)
+        sb = _row_entries(mn_ptr, at, live, G, B, P).to(tl.float32)
+        d = tl.load(d_ptr + rows * stride_d + c, mask=live, other=0).to(tl.float32)
+        dmin = tl.load(dmin_ptr + rows * stride_d + c, mask=live, other=0).to(tl.float32)
+        fa, fb = d[:, :, None], dmin[:, :, None]
+    else:  # legacy: d (and m) per block of 32; weight d * (q - bias) or d * q + m
+        sa = _row_entries(d_ptr, at, live, G, B, P).to(tl.float32)
+        if QTYPE % 2 == 1:
+            sb, fa, fb = _row_entries(mn_ptr, at, live, G, B, P).to(tl.float32), one, -one
+        elif HI:
+            sb, fa, fb = sa, one, one * 16.0
+        else:
+            sb, fa, fb = sa, one, one * 8.0
+    return words, hi, sa, sb, fa, fb
+
+
+@triton.jit
+def _codes(QTYPE: tl.constexpr, HI: tl.constexpr, w4, h, B: tl.constexpr, P: tl.constexpr,
+           INTERPRETED: tl.constexpr):  # fmt: skip
+    """A group's four words [B, P, 4] (and high entries [B, P]) -> per field j a word of four
+    codes (byte t: word t's field j)."""
+    w0, w1, w2, w3 = _split4(w4, B, P)
     b0, b1, b2, b3 = transpose4(w0, w1, w2, w3, INTERPRETED)
     if QTYPE == Q8_0:
         return b0, b1, b2, b3, b0, b1, b2, b3
     n0, n1, n2, n3 = b0 & _NIB, (b0 >> 4) & _NIB, b1 & _NIB, (b1 >> 4) & _NIB
     n4, n5, n6, n7 = b2 & _NIB, (b2 >> 4) & _NIB, b3 & _NIB, (b3 >> 4) & _NIB
     if QTYPE == Q6_K:  # int16 plane: bits 2j, 2j + 1 of half-word t -> bits 4, 5 of byte t
-        h = tl.load(hi_ptr.to(tl.pointer_type(tl.int64)) + base // 4)
         e0, e1 = even_odd(h.to(tl.int32), (h >> 32).to(tl.int32), INTERPRETED)
         m = 0x30303030
         n0, n1, n2, n3 = (
@@ -121,7 +217,6 @@ def _codes(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, base, B: tl.con
             n7 | ((e1 >> 2) & m),
         )
     elif HI:  # uint8 plane: bit j of byte t -> bit 4 of byte t of field j
-        h = tl.load(hi_ptr.to(tl.pointer_type(tl.int32)) + base // 4)
         m = 0x10101010
         n0, n1, n2, n3 = (
             n0 | ((h << 4) & m),
@@ -131,40 +226,6 @@ def _codes(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, base, B: tl.con
         )
         n4, n5, n6, n7 = n4 | (h & m), n5 | ((h >> 1) & m), n6 | ((h >> 2) & m), n7 | ((h >> 3) & m)
     return n0, n1, n2, n3, n4, n5, n6, n7  # fmt: skip
-
-
-@triton.jit
-def _sums(
-    QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, xq_ptr, base, c,
-    W: tl.constexpr, G: tl.constexpr, B: tl.constexpr, P: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
-    """Chunk c: per field j the int32 sums of codes times int8 activations over the groups of
-    four words each thread reads (thread p of a row: groups p, p + P, ...), [B, P] each."""
-    S: tl.constexpr = QTYPE == Q8_0  # signed codes
-    p = tl.arange(0, P)[None, :]
-    i0 = tl.zeros((B, P), dtype=tl.int32)
-    i1, i2, i3, i4, i5, i6, i7 = i0, i0, i0, i0, i0, i0, i0
-    for a0 in tl.static_range(0, W // 4, P):
-        n0, n1, n2, n3, n4, n5, n6, n7 = _codes(
-            QTYPE, HI, q_ptr, hi_ptr, base + 4 * (a0 + p), B, P, INTERPRETED
-        )
-        at = (c * (W // 4) + a0 + p) * G  # [1, P]: the group's activation words
-        x0, x1, x2, x3 = _split4(_row_entries_i(xq_ptr, at, 4, B, P), B, P)
-        i0, i1 = dp4a(n0, x0, i0, S, INTERPRETED), dp4a(n1, x1, i1, S, INTERPRETED)
-        i2, i3 = dp4a(n2, x2, i2, S, INTERPRETED), dp4a(n3, x3, i3, S, INTERPRETED)
-        if G == 8:
-            x4, x5, x6, x7 = _split4(_row_entries_i(xq_ptr, at + 4, 4, B, P), B, P)
-            i4, i5 = dp4a(n4, x4, i4, S, INTERPRETED), dp4a(n5, x5, i5, S, INTERPRETED)
-            i6, i7 = dp4a(n6, x6, i6, S, INTERPRETED), dp4a(n7, x7, i7, S, INTERPRETED)
-    return i0, i1, i2, i3, i4, i5, i6, i7  # fmt: skip
-
-
-@triton.jit
-def _row_entries_i(ptr, at, N: tl.constexpr, B: tl.constexpr, P: tl.constexpr):
-    """N consecutive int32 at ptr + at ([1, P]) for every row -> [B, P, N]."""
-    offs = tl.broadcast_to(at[:, :, None] + tl.arange(0, N)[None, None, :], (B, P, N))
-    return tl.load(ptr + offs)
 
 
 @triton.jit
@@ -178,55 +239,53 @@ def _field(acc, add, isum, scale, shift, xd_ptr, xs_ptr, c, J: tl.constexpr, G: 
 
 
 @triton.jit
-def _chunk(
-    acc, c, rows, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    stride_q, stride_s, stride_d, QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr,
-    G: tl.constexpr, B: tl.constexpr, P: tl.constexpr, INTERPRETED: tl.constexpr,
+def _compute(
+    acc, c, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, HI: tl.constexpr,
+    W: tl.constexpr, G: tl.constexpr, B: tl.constexpr, P: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    """acc [B, P] += chunk c's part of each thread's share of the row dot products."""
-    base = rows * stride_q + c * W  # [B, 1]
-    i0, i1, i2, i3, i4, i5, i6, i7 = _sums(
-        QTYPE, HI, q_ptr, hi_ptr, xq_ptr, base, c, W, G, B, P, INTERPRETED
-    )
-    at = rows * stride_s + c * G  # the chunk's per-sub-block entries
+    """acc [B, P] += chunk c's part of each thread's share of its row's dot product."""
+    NG: tl.constexpr = W // 4 // P
+    S: tl.constexpr = QTYPE == Q8_0  # signed codes
     OFFSET: tl.constexpr = QTYPE != Q8_0
-    if QTYPE == Q8_0:  # d per sub-block, signed codes
-        s0, s1, s2, s3 = _split4(_row_entries(d_ptr, at, 4, B, P), B, P)
-        s4, s5, s6, s7 = s0, s1, s2, s3
-        t0, t1, t2, t3, t4, t5, t6, t7 = s0, s1, s2, s3, s0, s1, s2, s3
-    elif QTYPE >= Q4_K:  # scale bytes per sub-block, fp16 d (and dmin) per 256
-        sc = _row_entries(sc_ptr, at, 8, B, P)
-        if QTYPE == Q6_K:
-            d = tl.load(d_ptr + rows * stride_d + c // 2).to(tl.float32)[:, :, None]
-            s0, s1, s2, s3, s4, s5, s6, s7 = _split8(sc * d, B, P)
-            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(sc * (32.0 * d), B, P)
-        else:
-            mn = _row_entries(mn_ptr, at, 8, B, P)
-            d = tl.load(d_ptr + rows * stride_d + c).to(tl.float32)[:, :, None]
-            dmin = tl.load(dmin_ptr + rows * stride_d + c).to(tl.float32)[:, :, None]
-            s0, s1, s2, s3, s4, s5, s6, s7 = _split8(sc * d, B, P)
-            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(mn * dmin, B, P)
-    else:  # legacy: fp16 d (and m) per block of 32; weight d * (q - bias) or d * q + m
-        dd = _row_entries(d_ptr, at, 8, B, P)
-        s0, s1, s2, s3, s4, s5, s6, s7 = _split8(dd, B, P)
-        if QTYPE % 2 == 1:
-            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(-_row_entries(mn_ptr, at, 8, B, P), B, P)
-        elif HI:
-            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(dd * 16.0, B, P)
-        else:
-            t0, t1, t2, t3, t4, t5, t6, t7 = _split8(dd * 8.0, B, P)
-    add = tl.zeros((B, P), dtype=tl.float32)
-    acc, add = _field(acc, add, i0, s0, t0, xd_ptr, xs_ptr, c, 0, G, OFFSET)
-    acc, add = _field(acc, add, i1, s1, t1, xd_ptr, xs_ptr, c, 1, G, OFFSET)
-    acc, add = _field(acc, add, i2, s2, t2, xd_ptr, xs_ptr, c, 2, G, OFFSET)
-    acc, add = _field(acc, add, i3, s3, t3, xd_ptr, xs_ptr, c, 3, G, OFFSET)
+    words, hi, sa, sb, fa, fb = loaded
+    groups = _groups(tl.permute(words, (0, 1, 3, 2)), B, P, NG)
+    highs = _parts(hi, B, P, NG)
+    p = tl.arange(0, P)[None, :]
+    i0 = tl.zeros((B, P), dtype=tl.int32)
+    i1, i2, i3, i4, i5, i6, i7 = i0, i0, i0, i0, i0, i0, i0
+    for s in tl.static_range(NG):
+        n0, n1, n2, n3, n4, n5, n6, n7 = _codes(QTYPE, HI, groups[s], highs[s], B, P, INTERPRETED)
+        at = (c * (W // 4) + p + P * s) * G  # [1, P]: the group's activation words
+        x0, x1, x2, x3 = _split4(_row_entries(xq_ptr, at, True, 4, B, P), B, P)
+        i0, i1 = dp4a(n0, x0, i0, S, INTERPRETED), dp4a(n1, x1, i1, S, INTERPRETED)
+        i2, i3 = dp4a(n2, x2, i2, S, INTERPRETED), dp4a(n3, x3, i3, S, INTERPRETED)
+        if G == 8:
+            x4, x5, x6, x7 = _split4(_row_entries(xq_ptr, at + 4, True, 4, B, P), B, P)
+            i4, i5 = dp4a(n4, x4, i4, S, INTERPRETED), dp4a(n5, x5, i5, S, INTERPRETED)
+            i6, i7 = dp4a(n6, x6, i6, S, INTERPRETED), dp4a(n7, x7, i7, S, INTERPRETED)
+    fa2 = tl.reshape(fa, (B, 1))
+    fb2 = tl.reshape(fb, (B, 1))
     if G == 8:
-        acc, add = _field(acc, add, i4, s4, t4, xd_ptr, xs_ptr, c, 4, G, OFFSET)
-        acc, add = _field(acc, add, i5, s5, t5, xd_ptr, xs_ptr, c, 5, G, OFFSET)
-        acc, add = _field(acc, add, i6, s6, t6, xd_ptr, xs_ptr, c, 6, G, OFFSET)
-        acc, add = _field(acc, add, i7, s7, t7, xd_ptr, xs_ptr, c, 7, G, OFFSET)
+        s0, s1, s2, s3, s4, s5, s6, s7 = _split8(sa, B, P)
+        t0, t1, t2, t3, t4, t5, t6, t7 = _split8(sb, B, P)
+    else:
+        s0, s1, s2, s3 = _split4(sa, B, P)
+        t0, t1, t2, t3 = _split4(sb, B, P)
+        s4, s5, s6, s7, t4, t5, t6, t7 = s0, s1, s2, s3, t0, t1, t2, t3
+    part = tl.zeros((B, P), dtype=tl.float32)
+    add = tl.zeros((B, P), dtype=tl.float32)
+    part, add = _field(part, add, i0, s0, t0, xd_ptr, xs_ptr, c, 0, G, OFFSET)
+    part, add = _field(part, add, i1, s1, t1, xd_ptr, xs_ptr, c, 1, G, OFFSET)
+    part, add = _field(part, add, i2, s2, t2, xd_ptr, xs_ptr, c, 2, G, OFFSET)
+    part, add = _field(part, add, i3, s3, t3, xd_ptr, xs_ptr, c, 3, G, OFFSET)
+    if G == 8:
+        part, add = _field(part, add, i4, s4, t4, xd_ptr, xs_ptr, c, 4, G, OFFSET)
+        part, add = _field(part, add, i5, s5, t5, xd_ptr, xs_ptr, c, 5, G, OFFSET)
+        part, add = _field(part, add, i6, s6, t6, xd_ptr, xs_ptr, c, 6, G, OFFSET)
+        part, add = _field(part, add, i7, s7, t7, xd_ptr, xs_ptr, c, 7, G, OFFSET)
     # the offsets belong to the row once: the first of its threads adds them
-    return acc - tl.where(tl.arange(0, P)[None, :] == 0, add, 0.0)
+    return acc + fa2 * part - tl.where(p == 0, fb2 * add, 0.0)
 
 
 @triton.jit
@@ -241,6 +300,7 @@ def gemv_int8_kernel(
     G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
     TPR: tl.constexpr,  # threads a row: each reads every TPR-th group of four words
+    PREFETCH: tl.constexpr,  # request chunk c + 1 before multiplying chunk c
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
@@ -253,17 +313,38 @@ def gemv_int8_kernel(
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         c = c0
         while c < c1:
-            acc = _chunk(
-                acc, c, safe, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
-                dmin_ptr, stride_q, stride_s, stride_d, QTYPE, HI, W, G, BLOCK_N, TPR, True,
+            cur = _load(
+                QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, safe, c, True,
+                stride_q, stride_s, stride_d, W, G, BLOCK_N, TPR,
             )  # fmt: skip
+            acc = _compute(acc, c, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, BLOCK_N, TPR, True)
             c += 1
-    else:
+    elif not PREFETCH:  # a chunk's loads together, then its math
         for c in range(c0, c1):
-            acc = _chunk(
-                acc, c, safe, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
-                dmin_ptr, stride_q, stride_s, stride_d, QTYPE, HI, W, G, BLOCK_N, TPR, False,
+            cur = _load(
+                QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, safe, c, True,
+                stride_q, stride_s, stride_d, W, G, BLOCK_N, TPR,
             )  # fmt: skip
+            acc = _compute(
+                acc, c, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, BLOCK_N, TPR, False
+            )
+    else:
+        # chunk c + 1's loads are issued before chunk c is multiplied: a thread keeps a whole
+        # chunk of loads in flight instead of waiting on each group and on the scales (more
+        # registers, fewer warps: the tuner times both)
+        cur = _load(
+            QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, safe, c0, c0 < c1,
+            stride_q, stride_s, stride_d, W, G, BLOCK_N, TPR,
+        )  # fmt: skip
+        for c in range(c0, c1):
+            nxt = _load(
+                QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, safe, c + 1,
+                c + 1 < c1, stride_q, stride_s, stride_d, W, G, BLOCK_N, TPR,
+            )  # fmt: skip
+            acc = _compute(
+                acc, c, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, BLOCK_N, TPR, False
+            )
+            cur = nxt
     store_rows(out_ptr, tl.sum(acc, axis=1), rows, N, stride_os, BLOCK_N, ACT)
 
 
@@ -280,13 +361,14 @@ def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
 
 
 def launch_int8(x, pw, target, grid, n_chunks, per_split, cfg, act, interp) -> None:
-    """gemv_int8_kernel over pw for the row x ([K]) into target; cfg: BLOCK_N, num_warps and
-    TPR (threads a row, default 1; at most the groups of four words a chunk has)."""
+    """gemv_int8_kernel over pw for the row x ([K]) into target; cfg: BLOCK_N, num_warps, TPR
+    (threads a row, default 1; at most the groups of four words a chunk has) and PREFETCH."""
     xq, xd, xs = prepare_int8(x, pw)
     tpr = min(cfg.get("TPR", 1), WORDS[pw.qtype] // 4)
+    prefetch = bool(cfg.get("PREFETCH"))
     gemv_int8_kernel[grid](
         xq, xd, xs, *planes(pw), target, pw.shape[0], n_chunks, per_split, *strides(pw),
-        pw.shape[0], **fields(pw), BLOCK_N=cfg["BLOCK_N"], TPR=tpr, ACT=act,
+        pw.shape[0], **fields(pw), BLOCK_N=cfg["BLOCK_N"], TPR=tpr, PREFETCH=prefetch, ACT=act,
         INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
     )  # fmt: skip
 

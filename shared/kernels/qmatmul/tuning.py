@@ -53,19 +53,21 @@ def device_key(device: torch.device) -> str:
     return f"{props.name}|sm{props.major}{props.minor}|{props.multi_processor_count}sm"
 
 
-# the int8-activation GEMV (packed_int8): (BLOCK_N, num_warps, TPR threads a row), one row part
-# a thread; more threads a row coalesce the loads, fewer scale fewer sub-blocks (kernel_sass:
-# Q4_K 1.5 instructions a weight with one, 2.1 with eight)
-INT8_TILES = ((128, 4, 1), (64, 4, 2), (32, 4, 4), (16, 4, 8))
+# the int8-activation GEMV (packed_int8): (BLOCK_N, num_warps, TPR threads a row, PREFETCH), one
+# row part a thread; more threads a row coalesce the loads, fewer scale fewer sub-blocks
+# (kernel_sass: Q4_K 1.4 instructions a weight with one, 2.1 with eight); PREFETCH requests the
+# next chunk first (127 registers instead of 52 for Q4_K). The H200 picked TPR 1 and 2 (0b29ea5).
+INT8_TILES = ((128, 4, 1, 0), (64, 4, 2, 0), (32, 4, 4, 0), (16, 4, 8, 0), (128, 4, 1, 1),
+              (64, 4, 2, 1))  # fmt: skip
 
 
 def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
     """The batch-1 decode candidates a first load times by default: five compiles per type
-    (shared by every shape of the type), plus the int8 GEMV's three where the type has it; the
+    (shared by every shape of the type), plus the int8 GEMV's six where the type has it; the
     split-K variants free."""
     tiles = [(16, 4, {}), (32, 2, {}), (32, 4, {}), (64, 2, {"FACTOR": 1}), (64, 4, {"FACTOR": 1})]
     if pw.qtype in INT8_TYPES:
-        tiles += [(b, w, {"INT8": 1, "TPR": t}) for b, w, t in INT8_TILES]
+        tiles += [(b, w, {"INT8": 1, "TPR": t, "PREFETCH": f}) for b, w, t, f in INT8_TILES]
     return [
         {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, **extra}
         for b, w, extra in tiles
@@ -97,8 +99,8 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         ]
         if pw.qtype in INT8_TYPES:  # int8 activations, dp4a (packed_int8)
             out += [
-                {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, "INT8": 1, "TPR": t}
-                for b, w, t in (*INT8_TILES, (64, 2, 1), (256, 8, 1), (64, 8, 4))
+                {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, "INT8": 1, "TPR": t, "PREFETCH": f}
+                for b, w, t, f in (*INT8_TILES, (64, 2, 1, 0), (256, 8, 1, 0), (64, 2, 1, 1))
                 for s in (1, 2, 4, 8)
             ]
         return out

@@ -92,34 +92,9 @@ def _row_entries(ptr, at, live, N: tl.constexpr, B: tl.constexpr, P: tl.constexp
 
 
 @triton.jit
-def _groups(t, B: tl.constexpr, P: tl.constexpr, NG: tl.constexpr):
-    """[B, P, 4, NG] (NG = 1, 2, 4 or 8) -> 8 [B, P, 4] tensors: entries 0 .. NG - 1 of the last
-    axis in order, the rest repeats (pure register moves: every thread holds its last axis)."""
-    if NG == 1:
-        g0 = tl.reshape(t, (B, P, 4))
-        g1, g2, g3, g4, g5, g6, g7 = g0, g0, g0, g0, g0, g0, g0
-    elif NG == 2:
-        g0, g1 = tl.split(t)
-        g2, g3, g4, g5, g6, g7 = g0, g1, g0, g1, g0, g1
-    elif NG == 4:
-        e, o = tl.split(tl.reshape(t, (B, P, 4, 2, 2)))  # e: entries 0, 2; o: 1, 3
-        g0, g2 = tl.split(e)
-        g1, g3 = tl.split(o)
-        g4, g5, g6, g7 = g0, g1, g2, g3
-    else:
-        e, o = tl.split(tl.reshape(t, (B, P, 4, 4, 2)))  # e: 0, 2, 4, 6; o: 1, 3, 5, 7
-        ee, eo = tl.split(tl.reshape(e, (B, P, 4, 2, 2)))  # 0, 4 | 2, 6
-        oe, oo = tl.split(tl.reshape(o, (B, P, 4, 2, 2)))  # 1, 5 | 3, 7
-        g0, g4 = tl.split(ee)
-        g2, g6 = tl.split(eo)
-        g1, g5 = tl.split(oe)
-        g3, g7 = tl.split(oo)
-    return g0, g1, g2, g3, g4, g5, g6, g7
-
-
-@triton.jit
 def _parts(t, B: tl.constexpr, P: tl.constexpr, NG: tl.constexpr):
-    """[B, P, NG] -> 8 [B, P] tensors, as _groups."""
+    """[B, P, NG] (NG = 1, 2, 4 or 8) -> 8 [B, P] tensors: entries 0 .. NG - 1 of the last axis
+    in order, the rest repeats (pure register moves: every thread holds its last axis)."""
     if NG == 1:
         g0 = tl.reshape(t, (B, P))
         g1, g2, g3, g4, g5, g6, g7 = g0, g0, g0, g0, g0, g0, g0
@@ -140,6 +115,17 @@ def _parts(t, B: tl.constexpr, P: tl.constexpr, NG: tl.constexpr):
         g1, g5 = tl.split(oe)
         g3, g7 = tl.split(oo)
     return g0, g1, g2, g3, g4, g5, g6, g7
+
+
+@triton.jit
+def _groups(t, B: tl.constexpr, P: tl.constexpr, NG: tl.constexpr):
+    """[B, P, 4, NG] -> 8 [B, P, 4] tensors, as _parts along the last axis."""
+    g0, g1, g2, g3, g4, g5, g6, g7 = _parts(tl.reshape(t, (B, P * 4, NG)), B, P * 4, NG)
+    return (
+        tl.reshape(g0, (B, P, 4)), tl.reshape(g1, (B, P, 4)), tl.reshape(g2, (B, P, 4)),
+        tl.reshape(g3, (B, P, 4)), tl.reshape(g4, (B, P, 4)), tl.reshape(g5, (B, P, 4)),
+        tl.reshape(g6, (B, P, 4)), tl.reshape(g7, (B, P, 4)),
+    )  # fmt: skip
 
 
 @triton.jit

@@ -40,9 +40,10 @@ def skiff_logits(
     device: str = "cpu",
     kv_dtype: torch.dtype = torch.float16,
     chunk: int = 0,
+    dense_copies: str = "off",
 ) -> np.ndarray:
     """Teacher-forced logits from Skiff's model; `chunk` > 0 runs the prompt in chunks."""
-    model = load_model(GGUFFile(path), device)
+    model = load_model(GGUFFile(path), device, dense_copies=dense_copies)
     cfg = model.cfg
     n_blocks = -(-len(ids) // BLOCK)
     kv = KVPool(cfg.n_layers, n_blocks, BLOCK, cfg.n_kv_heads, cfg.head_dim, kv_dtype, device)

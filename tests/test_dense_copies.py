@@ -5,7 +5,9 @@ copy on the CPU or where memory is short; `off` none; a bad mode is refused."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,7 @@ from shared.kernels.qmatmul.packed import unpack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from shared.model.dense_copies import add_dense_copies
 from shared.model.linear import GatedLinear, QuantLinear
+from tests.oracle import compare, skiff_logits
 from tests.test_kernel_packed_matmul import random_raw
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -93,3 +96,18 @@ def test_packed_matmul_checks_the_copy() -> None:
         packed_matmul(
             x, layer.packed, config={"DEQUANT": 1}, dense=torch.zeros(8, K // 2, device=DEVICE)
         )
+
+
+@pytest.mark.gpu
+def test_a_models_logits_with_and_without_dense_copies(synthetic_dir: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("packed layers need CUDA at model sizes")
+    path = next((p for p in sorted(synthetic_dir.glob("*Q4_K_M.gguf"))), None)
+    if path is None:
+        pytest.skip("no synthetic Q4_K_M model in SKIFF_MODELS_DIR/synthetic")
+    ids = [1] + np.random.default_rng(0).integers(3, 512, 99).tolist()
+    # 20-token chunks: the packed GEMM without copies, the dense copies with them
+    off = skiff_logits(path, ids, "cuda", chunk=20, dense_copies="off")
+    on = skiff_logits(path, ids, "cuda", chunk=20, dense_copies="on")
+    got = compare(on, off)
+    assert got.top1 >= 0.99 and got.mean_abs_diff < 0.01, got

@@ -8,13 +8,19 @@ int8 first (``quantize_x_kernel``: one scale per sub-block of the weight's layou
 nearest, plus the float sum of each sub-block for the offsets) and one ``dp4a`` multiplies four
 codes by four activations and adds them to an int32:
 
-- a thread owns one weight row (``BLOCK_N`` = rows a program); a chunk is read four words at a
-  time (one 128-bit load). In the packed layout field j of word i is element ``W*j + i``, so a
-  byte transpose of the four words (``int8_ops.transpose4``) yields, per field, the codes of
-  four consecutive elements of one sub-block: nibbles after a mask (plus the fifth bit or the
-  Q6_K high pair OR-ed in), bytes as they are for Q8_0. Their activations are one int8 word.
+- ``TPR`` threads share a weight row (``BLOCK_N`` rows a program), each reading every TPR-th
+  group of four words of a chunk (128-bit loads; more threads a row coalesce, fewer scale
+  fewer sub-blocks). In the packed layout field j of word i is element ``W*j + i``, so a byte
+  transpose of the four words (``int8_ops.transpose4``) yields, per field, the codes of four
+  consecutive elements of one sub-block: nibbles after a mask (plus the fifth bit or the Q6_K
+  high pair OR-ed in), bytes as they are for Q8_0. Their activations are one int8 word.
 - per sub-block j the int32 sum meets the scales once:
   ``scale_j * dx_j * sum(q * xq) - shift_j * sum(x)`` with weight = ``q * scale - shift``.
+- a chunk's loads are issued together (``_load``), its math follows (``_compute``); with
+  ``PREFETCH`` chunk c + 1 is requested before chunk c is multiplied.
+
+Measured on the H200 (BENCHMARKS.md, 2026-11-30 (b)): 1.0-1.5x the float GEMV for Q4_K and
+Q6_K, not for Q8_0; 0.21-0.39 of the copy bandwidth (the PREFETCH variant is not measured yet).
 
 The result is ``x_hat @ unpack(pw).T`` plus the offsets' exact part, where x_hat is x rounded to
 int8 per sub-block: not the float GEMV's result, but within the error bound of that rounding

@@ -60,15 +60,16 @@ class QuantLinear(nn.Module):
         self.bias = bias
         self.raw = raw
         self.packed = None
-        self._dense: torch.Tensor | None = None
         self._gemv = None
         self.tuner = tuner
         self.kernel_error: str | None = None  # set when the packed kernels fail to build here
         self.gated_act = 0  # > 0: rows are gate/up pairs, multiplied by GatedLinear
-        self.dense_copy: torch.Tensor | None = None  # unpack(packed) in compute_dtype, or None
-        self.dense_rows = 0  # batches of more rows multiply by dense_copy
+        # the weight in compute_dtype: the only copy (float types, cache_dequantized), or one
+        # kept beside the packed planes for batches of more than dense_rows rows
+        self.dense_copy: torch.Tensor | None = None
+        self.dense_rows = 0
         if qtype in FLOAT_TYPES or cache_dequantized:
-            self._dense = self._dequantize()
+            self.dense_copy = self._dequantize()
             if qtype in FLOAT_TYPES:
                 self.raw = None  # the dense copy is the same values; keep one
         elif use_kernels and qtype in PACKED_TYPES and shape[1] % CHUNK[qtype] == 0:
@@ -85,7 +86,7 @@ class QuantLinear(nn.Module):
         return dequantize(self.raw, self.qtype, self.shape).to(self.compute_dtype)
 
     def weight(self) -> torch.Tensor:
-        return self._dense if self._dense is not None else self._dequantize()
+        return self.dense_copy if self.dense_copy is not None else self._dequantize()
 
     def kernel_builds(self) -> bool:
         """Run the packed kernels once (one row and a few); on a device where they fail to

@@ -108,18 +108,10 @@ def _parts(t, B: tl.constexpr, P: tl.constexpr, NG: tl.constexpr):
         g0, g1 = tl.split(t)
         g2, g3, g4, g5, g6, g7 = g0, g1, g0, g1, g0, g1
     elif NG == 4:
-        e, o = tl.split(tl.reshape(t, (B, P, 2, 2)))
-        g0, g2 = tl.split(e)
-        g1, g3 = tl.split(o)
+        g0, g1, g2, g3 = _split4(t, B, P)
         g4, g5, g6, g7 = g0, g1, g2, g3
     else:
-        e, o = tl.split(tl.reshape(t, (B, P, 4, 2)))
-        ee, eo = tl.split(tl.reshape(e, (B, P, 2, 2)))
-        oe, oo = tl.split(tl.reshape(o, (B, P, 2, 2)))
-        g0, g4 = tl.split(ee)
-        g2, g6 = tl.split(eo)
-        g1, g5 = tl.split(oe)
-        g3, g7 = tl.split(oo)
+        g0, g1, g2, g3, g4, g5, g6, g7 = _split8(t, B, P)
     return g0, g1, g2, g3, g4, g5, g6, g7
 
 
@@ -363,6 +355,3 @@ def launch_int8(x, pw, target, grid, n_chunks, per_split, cfg, act, interp) -> N
         pw.shape[0], **fields(pw), BLOCK_N=cfg["BLOCK_N"], TPR=tpr, PREFETCH=prefetch, ACT=act,
         INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
     )  # fmt: skip
-
-
-assert all(WORDS[t] in (16, 32) for t in INT8_TYPES)

@@ -226,7 +226,7 @@ def packed_matmul(
     return out
 
 
-# the gated activations of act= in torch (the dense path, GatedLinear's fallback)
+# the gated activations of act= in torch (GatedLinear's fallback); the keys are the valid act
 ACTS = {0: None, 1: silu_mul, 2: gelu_mul}
 
 

@@ -101,6 +101,34 @@ def test_packed_gemv_split_k_and_ragged_tiles(qtype: T) -> None:
 
 
 @pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"BLOCK_N": 16, "SPLIT_K": 4},
+        {"BLOCK_N": 16, "SPLIT_K": 4, "FACTOR": 1},
+        {"BLOCK_N": 16, "SPLIT_K": 4, "INT8": 1},
+    ],
+    ids=["gemv", "factored", "int8"],
+)
+def test_split_gemv_tickets_return_to_zero(cfg: dict) -> None:
+    """The last program of each row tile adds the split partials and resets its counter, so a
+    weight's next launches start from zero and give the same result bit for bit."""
+    from shared.kernels.qmatmul.packed_matmul import packed_matmul
+
+    n, k = 40, 1024  # 3 row tiles (the last ragged) x 4 splits
+    pw = pack(random_raw(T.Q4_K, n, k, seed=5).to(DEVICE), T.Q4_K, (n, k))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    first = packed_matmul(x, pw, config=cfg)
+    assert not pw.tickets.any()
+    for _ in range(2):
+        assert torch.equal(packed_matmul(x, pw, config=cfg), first)
+    assert not pw.tickets.any()
+    want = x.double() @ unpack(pw).to(DEVICE).double().T
+    tol = 0.05 if cfg.get("INT8") else 1e-3  # int8 activations: within their rounding
+    torch.testing.assert_close(first.double(), want, rtol=tol, atol=tol * want.abs().max())
+
+
+@pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_packed_gemm_wide_chunks(qtype: T, dtype: torch.dtype) -> None:

@@ -61,27 +61,28 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
               "G": CHUNK[pw.qtype] // WORDS[pw.qtype], "INTERPRETED": False}  # fmt: skip
     chunks = k // CHUNK[pw.qtype]
     out = torch.empty(m, n, dtype=torch.float32)
+    # a GEMV's final output, its split-K partials (two splits) and tickets
+    split = [out, torch.empty(2, n, dtype=torch.float32), pw.tickets]
     act = int(kind.endswith("-act"))  # the gated SiLU epilogue
     kind = kind.removesuffix("-act")
     if kind == "gemv":
-        args = [x, *_planes(pw), out, n, chunks, chunks // 2, *strides, n, MAGIC]
-        return mm._gemv_kernel, args, {**fields, "BLOCK_N": 16, "UNROLL": 0, "ACT": act}
+        args = [x, *_planes(pw), *split, n, chunks, chunks // 2, *strides, MAGIC]
+        consts = {**fields, "BLOCK_N": 16, "SPLITS": 2, "UNROLL": 0, "ACT": act}
+        return mm._gemv_kernel, args, consts
     if kind == "gemv-f":  # the factored GEMV (packed_gemv), float32 activations and V-sums
         gv = importlib.import_module("shared.kernels.qmatmul.packed_gemv")
         xf, xs = torch.empty(k, dtype=torch.float32), torch.empty(k // 4, dtype=torch.float32)
-        args = [xf, xs, *_planes(pw), out, n, chunks, chunks // 2, *strides, n, MAGIC]
-        return gv.gemv_factored_kernel, args, {**fields, "BLOCK_N": 64, "V": 4, "ACT": act}
+        args = [xf, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides, MAGIC]
+        consts = {**fields, "BLOCK_N": 64, "SPLITS": 2, "V": 4, "ACT": act}
+        return gv.gemv_factored_kernel, args, consts
     if kind == "gemv-i8":  # the int8-activation GEMV (packed_int8): codes, scales, sums
         i8 = importlib.import_module("shared.kernels.qmatmul.packed_int8")
         g = fields["G"]
         xq = torch.empty(k // 4, dtype=torch.int32)
         xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
-        args = [xq, xd, xs, *_planes(pw), out, n, chunks, chunks // 2, *strides, n]
-        return (
-            i8.gemv_int8_kernel,
-            args,
-            {**fields, "BLOCK_N": 128, "TPR": 1, "PREFETCH": True, "ACT": act},
-        )
+        args = [xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
+        consts = {**fields, "BLOCK_N": 128, "SPLITS": 2, "TPR": 1, "PREFETCH": True, "ACT": act}
+        return i8.gemv_int8_kernel, args, consts
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]

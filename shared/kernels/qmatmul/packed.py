@@ -38,7 +38,7 @@ the same float32 expressions in the same order as ``shared.quant``. The planes t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from gguf import GGMLQuantizationType
@@ -70,6 +70,12 @@ class PackedWeight:
     mn: torch.Tensor | None = None
     dmin: torch.Tensor | None = None
     hi: torch.Tensor | None = None
+    # split-K tickets of the GEMVs (split_tickets): one int32 counter a row, zero between launches
+    tickets: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        counters = torch.zeros(self.shape[0], dtype=torch.int32, device=self.q.device)
+        object.__setattr__(self, "tickets", counters)
 
     @property
     def nbytes(self) -> int:

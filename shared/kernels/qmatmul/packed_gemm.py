@@ -32,7 +32,6 @@ __all__ = [
     "gated",
     "launch_gemm",
     "planes",
-    "store_rows",
     "strides",
     "sum_splits_kernel",
 ]
@@ -62,19 +61,6 @@ def gated(g, u, ACT: tl.constexpr):
     else:
         a = _gelu_tanh(g, SQRT_2_OVER_PI)
     return a * u
-
-
-@triton.jit
-def store_rows(out_ptr, y, rows, N, stride_os, BLOCK_N: tl.constexpr, ACT: tl.constexpr):
-    """A GEMV program's BLOCK_N results (at split program_id(1)), or with ACT the gated
-    activation of their gate/up pairs."""
-    if ACT:
-        g, u = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
-        half = tl.program_id(0).to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        tl.store(out_ptr + half, gated(g, u, ACT).to(out_ptr.dtype.element_ty), mask=half < N // 2)
-    else:
-        out = out_ptr + tl.program_id(1) * stride_os + rows
-        tl.store(out, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
 @triton.jit

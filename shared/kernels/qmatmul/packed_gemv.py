@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.qmatmul.packed_chunk import fields, load_meta, load_words
-from shared.kernels.qmatmul.packed_gemm import store_rows
+from shared.kernels.qmatmul.split_tickets import finish_rows
 
 __all__ = ["gemv_factored_kernel", "prepare_x_kernel"]
 
@@ -67,14 +67,16 @@ def gemv_factored_kernel(
     xf_ptr,  # [K] float32 activations (prepare_x_kernel)
     xs_ptr,  # [K / V] float32 sums of V consecutive activations
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    out_ptr,  # [SPLITS, N] float32 partials, or [N] in the output dtype when SPLITS == 1
-    N, n_chunks, per_split, stride_q, stride_s, stride_d, stride_os,
+    out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
+    part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
+    N, n_chunks, per_split, stride_q, stride_s, stride_d,
     magic,  # packed_chunk.MAGIC
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
     W: tl.constexpr,  # words per chunk
     G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
     V: tl.constexpr,  # adjacent words a thread sums over
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
     INTERPRETED: tl.constexpr,
@@ -117,4 +119,5 @@ def gemv_factored_kernel(
             )  # fmt: skip
             w, wh, h = w2, wh2, h2
             s0, s1, m0, m1, d, dmin = t0, t1, n0, n1, e, emin
-    store_rows(out_ptr, tl.sum(acc, axis=1), rows, N, stride_os, BLOCK_N, ACT)
+    y = tl.sum(acc, axis=1)
+    finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, BLOCK_N, SPLITS, ACT)

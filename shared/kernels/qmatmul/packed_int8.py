@@ -38,7 +38,8 @@ from gguf import GGMLQuantizationType
 from shared.kernels.qmatmul.int8_ops import dp4a, even_odd, transpose4
 from shared.kernels.qmatmul.packed import WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
-from shared.kernels.qmatmul.packed_gemm import fields, planes, store_rows, strides
+from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
+from shared.kernels.qmatmul.split_tickets import finish_rows
 
 __all__ = ["INT8_TYPES", "gemv_int8_kernel", "prepare_int8", "quantize_x_kernel"]
 
@@ -276,13 +277,15 @@ def _compute(
 def gemv_int8_kernel(
     xq_ptr, xd_ptr, xs_ptr,  # quantize_x_kernel's output for the weight's (W, G)
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    out_ptr,  # [SPLITS, N] float32 partials, or [N] in the output dtype when SPLITS == 1
-    N, n_chunks, per_split, stride_q, stride_s, stride_d, stride_os,
+    out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
+    part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
+    N, n_chunks, per_split, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
     W: tl.constexpr,  # words per chunk
     G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
     TPR: tl.constexpr,  # threads a row: each reads every TPR-th group of four words
     PREFETCH: tl.constexpr,  # request chunk c + 1 before multiplying chunk c
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
@@ -329,7 +332,8 @@ def gemv_int8_kernel(
                 acc, c, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, BLOCK_N, TPR, False
             )
             cur = nxt
-    store_rows(out_ptr, tl.sum(acc, axis=1), rows, N, stride_os, BLOCK_N, ACT)
+    y = tl.sum(acc, axis=1)
+    finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, BLOCK_N, SPLITS, ACT)
 
 
 def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
@@ -344,14 +348,15 @@ def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
     return xq, xd, xs
 
 
-def launch_int8(x, pw, target, grid, n_chunks, per_split, cfg, act, interp) -> None:
-    """gemv_int8_kernel over pw for the row x ([K]) into target; cfg: BLOCK_N, num_warps, TPR
+def launch_int8(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp) -> None:
+    """gemv_int8_kernel over pw for the row x ([K]); targets: (out, split partials, tickets)
+    as finish_rows takes them, grid (row tiles, splits); cfg: BLOCK_N, num_warps, TPR
     (threads a row, default 1; at most the groups of four words a chunk has) and PREFETCH."""
     xq, xd, xs = prepare_int8(x, pw)
     tpr = min(cfg.get("TPR", 1), WORDS[pw.qtype] // 4)
     prefetch = bool(cfg.get("PREFETCH"))
     gemv_int8_kernel[grid](
-        xq, xd, xs, *planes(pw), target, pw.shape[0], n_chunks, per_split, *strides(pw),
-        pw.shape[0], **fields(pw), BLOCK_N=cfg["BLOCK_N"], TPR=tpr, PREFETCH=prefetch, ACT=act,
-        INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
+        xq, xd, xs, *planes(pw), *targets, pw.shape[0], n_chunks, per_split, *strides(pw),
+        **fields(pw), BLOCK_N=cfg["BLOCK_N"], SPLITS=grid[1], TPR=tpr, PREFETCH=prefetch,
+        ACT=act, INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
     )  # fmt: skip

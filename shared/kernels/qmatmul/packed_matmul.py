@@ -6,9 +6,10 @@
   weight rows, multiplies each dequantized chunk by the activations on the FMA units and keeps
   a ``[BLOCK_N, W]`` float32 accumulator that is summed once at the end. When the row tiles
   alone cannot fill the device the chunk loop is split over a second grid axis (split-K) and
-  the float32 partials are added afterwards. ``FACTOR``: the factored GEMV of ``packed_gemv``;
-  ``INT8``: activations rounded to int8 and integer dot products (``packed_int8``; an
-  approximation within the int8 rounding's bound, as llama.cpp's MMVQ).
+  the last program of each row tile adds the float32 partials (``split_tickets``). ``FACTOR``:
+  the factored GEMV of ``packed_gemv``; ``INT8``: activations rounded to int8 and integer dot
+  products (``packed_int8``; an approximation within the int8 rounding's bound, as llama.cpp's
+  MMVQ).
 - the GEMM of ``packed_gemm`` (two rows and up: decode batches and prefill), or ``DEQUANT``: a
   dense copy (``packed_dequant``) and torch's matmul.
 
@@ -33,12 +34,12 @@ from shared.kernels.qmatmul.packed_gemm import (
     fields,
     launch_gemm,
     planes,
-    store_rows,
     strides,
     sum_splits_kernel,
 )
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
+from shared.kernels.qmatmul.split_tickets import finish_rows
 from shared.ops.activation import gelu_mul, silu_mul
 
 __all__ = ["packed_matmul"]
@@ -50,14 +51,16 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _gemv_kernel(
     x_ptr,  # [K] activations
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    out_ptr,  # [SPLITS, N] float32 partials, or [N] in the output dtype when SPLITS == 1
-    N, n_chunks, per_split, stride_q, stride_s, stride_d, stride_os,
+    out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
+    part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
+    N, n_chunks, per_split, stride_q, stride_s, stride_d,
     magic,  # packed_chunk.MAGIC
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
     W: tl.constexpr,  # words per chunk
     G: tl.constexpr,  # fields (sub-blocks) per word
     BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
     UNROLL: tl.constexpr,  # > 0: exactly this many chunks per program, unrolled (= per_split)
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up ([N / 2])
     INTERPRETED: tl.constexpr,
@@ -103,7 +106,8 @@ def _gemv_kernel(
             )
             w, wh, h = w2, wh2, h2
             s0, s1, m0, m1, d, dmin = t0, t1, n0, n1, e, emin
-    store_rows(out_ptr, tl.sum(acc, axis=1), rows, N, stride_os, BLOCK_N, ACT)
+    y = tl.sum(acc, axis=1)
+    finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, BLOCK_N, SPLITS, ACT)
 
 
 @triton.jit
@@ -180,31 +184,28 @@ def packed_matmul(
         per_split = triton.cdiv(n_chunks, splits)
         splits = triton.cdiv(n_chunks, per_split)
         unroll = per_split if cfg.get("UNROLL") else 0
-        target = out
-        if splits > 1:
-            target = torch.empty((splits, n), dtype=torch.float32, device=x.device)
+        part = out  # never read without splits
+        if splits > 1:  # the last program of each row tile adds them (split_tickets)
+            part = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
-        epilogue = act if splits == 1 else 0  # else the partials' sum activates
+        targets = (out, part, pw.tickets)
         if cfg.get("INT8") and pw.qtype in INT8_TYPES:  # int8 activations, dp4a
-            launch_int8(x, pw, target, grid, n_chunks, per_split, cfg, epilogue, interp)
+            launch_int8(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp)
         elif cfg.get("FACTOR"):  # codes times activations summed first, scaled once a sub-block
             xf = torch.empty(k, dtype=torch.float32, device=x.device)
             xs = torch.empty(k // 4, dtype=torch.float32, device=x.device)
             prepare_x_kernel[(triton.cdiv(k, 1024),)](x, xf, xs, k, V=4, BLOCK=1024)
             gemv_factored_kernel[grid](
-                xf, xs, *planes(pw), target, n, n_chunks, per_split, *strides(pw), n, MAGIC,
-                **fields(pw), BLOCK_N=cfg["BLOCK_N"], V=4, ACT=epilogue, INTERPRETED=interp,
-                num_warps=cfg.get("num_warps", 4),
+                xf, xs, *planes(pw), *targets, n, n_chunks, per_split, *strides(pw), MAGIC,
+                **fields(pw), BLOCK_N=cfg["BLOCK_N"], SPLITS=splits, V=4, ACT=act,
+                INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
             )  # fmt: skip
         else:
             _gemv_kernel[grid](
-                x, *planes(pw), target, n, n_chunks, per_split, *strides(pw), n, MAGIC,
-                **fields(pw), BLOCK_N=cfg["BLOCK_N"], UNROLL=unroll, ACT=epilogue,
+                x, *planes(pw), *targets, n, n_chunks, per_split, *strides(pw), MAGIC,
+                **fields(pw), BLOCK_N=cfg["BLOCK_N"], SPLITS=splits, UNROLL=unroll, ACT=act,
                 INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
             )  # fmt: skip
-        if splits > 1:
-            grid = (triton.cdiv(out.numel(), 1024),)
-            sum_splits_kernel[grid](target, out, out.numel(), SPLITS=splits, BLOCK=1024, ACT=act)
         return out
     if cfg.get("DEQUANT"):  # prefill sizes: one pass to a dense copy, then the dense matmul
         if dense is not None and (dense.shape != (n, k) or dense.dtype != x.dtype):
@@ -235,7 +236,7 @@ def default_config(
 ) -> dict[str, int]:
     """Fixed tiles by M, used when no tuned entry exists for the device. For M = 1 the chunk loop
     is split until there are about four programs per SM (the H200's measured winners: 16-row
-    tiles, 4 warps, 512 programs for 4096 x 4096 and 1024 x 4096), partials summed afterwards.
+    tiles, 4 warps, 512 programs for 4096 x 4096 and 1024 x 4096), partials summed in-kernel.
     Decode batches and prefill follow the H200 sweep of 2026-11-30 (BENCHMARKS.md): WIDE with
     32-row tiles for 17-64 rows (and for Q6_K from 2), the dense copy and torch's matmul above
     64 rows on CUDA (1.0-2.3x faster than the fused tiles at 512 rows, every 8B shape but one)."""

@@ -35,7 +35,7 @@ def weight_copies(pw: PackedWeight, l2: int | None = None) -> list[PackedWeight]
         planes = {
             f.name: getattr(pw, f.name).clone()
             for f in dataclasses.fields(pw)
-            if isinstance(getattr(pw, f.name), torch.Tensor)
+            if f.init and isinstance(getattr(pw, f.name), torch.Tensor)
         }
         out.append(dataclasses.replace(pw, **planes))
     return out

@@ -1,0 +1,63 @@
+"""Split-K for the GEMVs without a second launch: the last program of a row tile adds the partials.
+
+A GEMV split over its chunks (``program_id(1)``) used to store float32 partials and leave their
+sum to ``sum_splits_kernel``: one more launch per matmul, 161 a Llama-3-8B token (0.36 ms of a
+4.6 ms step on the H200, BENCHMARKS.md 2026-11-30 (d)). Here every program stores its partial
+row sums, then takes a ticket for its row tile (an atomic counter, acquire-release at GPU scope
+after a CTA barrier: the release covers the whole program's stores, as CUTLASS's semaphore).
+The program that draws the last ticket reads the partials back from L2 in split order (so the
+result does not depend on which program finished last), stores the output (with the gated
+activation when asked) and sets the counter back to zero for the weight's next launch.
+
+The counters live with the weight (``PackedWeight.tickets``, one int32 a row, zero between
+launches). Launches of one weight must not overlap on two streams; the engine uses one.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from shared.kernels.qmatmul.packed_gemm import gated
+
+__all__ = ["finish_rows"]
+
+
+@triton.jit
+def finish_rows(
+    out_ptr,  # [N] (or [N / 2] with ACT) in the output dtype
+    part_ptr,  # [SPLITS, N] float32 partials (unused when SPLITS == 1)
+    tickets_ptr,  # [>= row tiles] int32 counters, zero between launches
+    y,  # [BLOCK_N] float32: this program's sums over its chunks
+    rows,
+    N,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ACT: tl.constexpr,
+):
+    if SPLITS == 1:
+        _store(out_ptr, y, rows, N, BLOCK_N, ACT)
+    else:
+        tl.store(part_ptr + tl.program_id(1) * N + rows, y, mask=rows < N)
+        tl.debug_barrier()  # every thread's partials are stored before the ticket is drawn
+        tile = tl.program_id(0)
+        ticket = tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLITS - 1:
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for s in tl.static_range(SPLITS):
+                acc += tl.load(
+                    part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg"
+                )
+            _store(out_ptr, acc, rows, N, BLOCK_N, ACT)
+            tl.atomic_xchg(tickets_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _store(out_ptr, y, rows, N, BLOCK_N: tl.constexpr, ACT: tl.constexpr):
+    """A row tile's BLOCK_N results, or with ACT the gated activation of their gate/up pairs."""
+    if ACT:
+        g, u = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
+        half = tl.program_id(0).to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + half, gated(g, u, ACT).to(out_ptr.dtype.element_ty), mask=half < N // 2)
+    else:
+        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)

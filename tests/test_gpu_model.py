@@ -98,7 +98,7 @@ def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:
 
 def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None:
     from shared.engine import Sequence
-    from shared.engine.cuda_graphs import DecodeGraphs
+    from shared.engine.cuda_graphs import StepGraphs
     from shared.engine.engine import LLMEngine
     from shared.engine.model_runner import ModelRunner
     from shared.kv import BlockManager, KVPool
@@ -114,7 +114,7 @@ def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None
         kv = KVPool(cfg.n_layers, 256, 16, cfg.n_kv_heads, cfg.head_dim, torch.float32, cuda)
         g = None
         if graphs:
-            g = DecodeGraphs(model, kv, max_seqs=32, max_model_len=1024)
+            g = StepGraphs(model, kv, max_seqs=32, max_model_len=1024)
             g.capture()
         engine = LLMEngine(ModelRunner(model, kv, cuda, g), BlockManager(256, 16), 1024, 512, 32)
         for i in range(20):  # 20 sequences: buckets 24 and below, with padding
@@ -130,3 +130,73 @@ def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None
         return [out[i] for i in range(20)]
 
     assert generate(graphs=True) == generate(graphs=False)
+
+
+def test_cuda_graph_mixed_steps_match_eager(cuda: str, synthetic_dir: Path) -> None:
+    """Prompt chunks beside decodes (a 96-token budget chunks the longer prompts) replayed from
+    the mixed-step graphs give the same tokens as eager steps."""
+    from shared.engine import Sequence
+    from shared.engine.cuda_graphs import StepGraphs
+    from shared.engine.engine import LLMEngine
+    from shared.engine.model_runner import ModelRunner
+    from shared.kv import BlockManager, KVPool
+    from shared.loader import GGUFFile
+    from shared.model import load_model
+    from shared.sampling import SamplingParams, make_generator
+
+    path = next(p for p in gpu_models(synthetic_dir) if "gemma3" in p.name)
+    replays = {}
+
+    def generate(graphs: bool) -> list[list[int]]:
+        model = load_model(GGUFFile(path), cuda)
+        cfg = model.cfg
+        kv = KVPool(cfg.n_layers, 512, 16, cfg.n_kv_heads, cfg.head_dim, torch.float32, cuda)
+        g = None
+        if graphs:
+            g = StepGraphs(model, kv, max_seqs=32, max_model_len=1024, max_batch_tokens=96)
+            g.capture()
+        engine = LLMEngine(ModelRunner(model, kv, cuda, g), BlockManager(512, 16), 1024, 96, 32)
+        for i in range(20):
+            params = SamplingParams(temperature=0.8 if i % 2 else 0.0, seed=i)
+            engine.add(
+                Sequence(i, _ids(5 + 7 * i, seed=i), params, 24, generator=make_generator(i, cuda))
+            )
+        out: dict[int, list[int]] = {i: [] for i in range(20)}
+        while engine.has_work():
+            for ev in engine.step():
+                out[ev.seq_id].append(ev.token_id)
+        engine.check_integrity()
+        if g is not None:
+            replays.update(g.replays)
+        return [out[i] for i in range(20)]
+
+    assert generate(graphs=True) == generate(graphs=False)
+    assert replays["mixed"] > 5 and replays["decode"] > 5
+
+
+def test_mixed_graph_logits_match_eager_q4_k_m(cuda: str, synthetic_dir: Path) -> None:
+    """A quantized model's mixed step through a graph (bf16, padded to 64 tokens: other matmul
+    paths than the 35 real rows take eagerly) gives the eager logits up to summation order."""
+    from shared.engine.cuda_graphs import StepGraphs
+    from shared.kv import KVPool
+    from shared.loader import GGUFFile
+    from shared.model import ForwardBatch, SeqChunk, load_model
+
+    path = next((p for p in sorted(synthetic_dir.glob("*Q4_K_M.gguf"))), None)
+    if path is None:
+        pytest.skip("no synthetic Q4_K_M model in SKIFF_MODELS_DIR/synthetic")
+    model = load_model(GGUFFile(path), cuda, torch.bfloat16)
+    cfg = model.cfg
+    kv = KVPool(cfg.n_layers, 64, 16, cfg.n_kv_heads, cfg.head_dim, torch.bfloat16, cuda)
+    g = StepGraphs(model, kv, max_seqs=8, max_model_len=256, max_batch_tokens=64)
+    g.capture()
+    chunks = [
+        SeqChunk(_ids(n, seed=n), 0, list(range(8 * i, 8 * i + 8)), "last")
+        for i, n in enumerate((10, 20, 5))
+    ]
+    batch = ForwardBatch.build(chunks, 16, cuda)
+    want = model(batch, kv)
+    got = g.run(batch)
+    assert g.replays["mixed"] == 1 and got.shape == want.shape == (3, cfg.vocab_size)
+    err = (got - want).abs().max().item()
+    assert err <= 0.02 * want.abs().max().item(), err

@@ -300,6 +300,32 @@ def test_no_tokens_and_idle_sequences() -> None:
     assert_close(run_kernel(batch, 0.125), reference(batch, 0.125), TOL[F32])
 
 
+def test_padded_like_a_mixed_step_graph(small_tiles) -> None:
+    """The layout of a replayed mixed step: tokens padded past the real ones (belonging to no
+    sequence), zero-length sequences appended, max_query_len the padded size. Real rows equal
+    the unpadded launch; padding rows are never written."""
+    batch = make_batch([1, 9, 1, 6], [20, 0, 7, 11], n_heads=4, n_kv_heads=2, head_dim=32)
+    want = run_kernel(batch, 0.2)
+    t, pad_t, pad_s = batch.q.shape[0], 16, 3
+    q = torch.cat([batch.q, torch.randn(pad_t, *batch.q.shape[1:], device=DEVICE)])
+    tables = torch.cat([batch.block_tables, batch.block_tables[:pad_s] * 0])
+    i32 = {"dtype": torch.int32, "device": DEVICE}
+    out = torch.full_like(q, float("nan"))
+    pa.paged_attention(
+        q,
+        batch.k_cache,
+        batch.v_cache,
+        tables,
+        torch.tensor(batch.query_start_loc + [t] * pad_s, **i32),
+        torch.tensor(batch.seq_lens + [0] * pad_s, **i32),
+        0.2,
+        max_query_len=t + pad_t,
+        out=out,
+    )
+    assert torch.equal(out[:t], want)
+    assert torch.isnan(out[t:]).all()
+
+
 # FP8 cache ------------------------------------------------------------------------------------
 
 

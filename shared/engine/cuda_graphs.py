@@ -1,9 +1,19 @@
-"""Decode steps replayed from CUDA graphs captured at padded batch-size buckets.
+"""Engine steps replayed from CUDA graphs captured at padded sizes: decode and mixed steps.
 
-A decode batch (one new token per sequence) is padded to the next bucket: padding rows get no
-query (query_start_loc stops at the real count), a zero sequence length and slot -1, which the
-KV write skips. Inputs live in static buffers the graphs were captured on; a step copies the real
-values in and replays. Sampling runs right after the replay, on the device.
+Launching a step's few hundred kernels from Python costs more than running them when the batch
+is small, so steps replay graphs captured at startup (none is captured while serving):
+
+- decode steps (one new token per sequence) at batch-size buckets: B sequences padded to the
+  next bucket b, b tokens, b logits rows;
+- mixed steps (prompt chunks beside decodes) at token buckets: T tokens padded to the next
+  bucket t, up to ``max_seqs`` sequences, ``min(t, max_seqs)`` logits rows.
+
+Padding costs nothing but idle rows: padding sequences get no query (query_start_loc stops at
+the real token count) and a zero length; padding tokens get token 0, position 0 and slot -1,
+which the KV write skips, and belong to no sequence, so attention never reads them and every
+other op keeps rows apart; padding logits rows repeat row 0 and are cut off. Inputs live in
+static buffers the graphs were captured on; a step copies the real values in and replays.
+Sampling runs right after the replay, on the device.
 """
 
 from __future__ import annotations
@@ -15,41 +25,71 @@ from shared.model import ForwardBatch
 from shared.model.causal_lm import CausalLM
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# at most 50 % padding up to 128 tokens and 25 % from there (prefill is compute-bound above
+# ~200 rows: padding costs in proportion)
+MIXED_BUCKETS = (64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 1024, 1280, 1536, 2048)
+GRAPH_MODES = ("all", "decode", "off")  # which steps replay graphs (--cuda-graphs)
 
 
-class DecodeGraphs:
-    def __init__(self, model: CausalLM, kv: KVPool, max_seqs: int, max_model_len: int) -> None:
+def mixed_buckets(max_batch_tokens: int) -> list[int]:
+    """Token counts mixed steps are captured at: MIXED_BUCKETS up to max_batch_tokens, and
+    max_batch_tokens itself (rounded up to 64) when it lies between them or above."""
+    if max_batch_tokens <= 0:
+        return []
+    top = -(-max_batch_tokens // 64) * 64
+    return sorted({b for b in MIXED_BUCKETS if b < top} | {top})
+
+
+class StepGraphs:
+    def __init__(
+        self,
+        model: CausalLM,
+        kv: KVPool,
+        max_seqs: int,
+        max_model_len: int,
+        max_batch_tokens: int = 0,
+    ) -> None:
+        """max_batch_tokens > 0 also captures mixed steps of up to that many tokens."""
         self.model = model
         self.kv = kv
         self.device = kv.k[0].device
         self.buckets = [b for b in BUCKETS if b <= max_seqs] or [1]
         self.max_bs = self.buckets[-1]
+        self.mixed = mixed_buckets(max_batch_tokens)
+        self.max_seqs = max(max_seqs, 1)
         self.max_model_len = max_model_len
         width = -(-max_model_len // kv.block_size)
-        dev, n = self.device, self.max_bs
+        dev = self.device
+        n = max([self.max_bs, *self.mixed])  # tokens
+        s = max(self.max_bs, self.max_seqs if self.mixed else 0)  # sequences
         self.token_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        self.block_tables = torch.zeros((n, width), dtype=torch.int32, device=dev)
-        self.query_start_loc = torch.zeros(n + 1, dtype=torch.int32, device=dev)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.rows = torch.arange(n, dtype=torch.int64, device=dev)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.block_tables = torch.zeros((s, width), dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.zeros(s + 1, dtype=torch.int32, device=dev)
+        self.seq_lens = torch.zeros(s, dtype=torch.int32, device=dev)
+        self.rows = torch.arange(n, dtype=torch.int64, device=dev)  # decode: row i is token i
+        self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[str, int], torch.Tensor] = {}
         self.pool = None
+        self.replays = {"decode": 0, "mixed": 0}  # steps replayed, by kind
 
-    def _batch(self, b: int) -> ForwardBatch:
+    def _batch(self, kind: str, b: int) -> ForwardBatch:
+        """The static batch of a graph: decode bucket b, or mixed bucket b (tokens)."""
+        seqs = b if kind == "decode" else self.max_seqs
+        rows = self.rows[:b] if kind == "decode" else self.mixed_rows[: min(b, self.max_seqs)]
         return ForwardBatch(
             token_ids=self.token_ids[:b],
             positions=self.positions[:b],
             slot_mapping=self.slot_mapping[:b],
-            block_tables=self.block_tables[:b],
+            block_tables=self.block_tables[:seqs],
             query_start_loc=[],
             seq_lens=[],
-            logits_rows=self.rows[:b],
-            query_start_loc_t=self.query_start_loc[: b + 1],
-            seq_lens_t=self.seq_lens[:b],
-            max_query_len=1,
+            logits_rows=rows,
+            query_start_loc_t=self.query_start_loc[: seqs + 1],
+            seq_lens_t=self.seq_lens[:seqs],
+            max_query_len=1 if kind == "decode" else b,  # b > 1: prefill tiles
             max_seq_len=self.max_model_len,
         )
 
@@ -58,33 +98,60 @@ class DecodeGraphs:
         self.query_start_loc.zero_()
         self.seq_lens.zero_()
         self.slot_mapping.fill_(-1)
-        for b in reversed(self.buckets):
-            batch = self._batch(b)
+        keys = [("mixed", b) for b in reversed(self.mixed)]
+        keys += [("decode", b) for b in reversed(self.buckets)]
+        for key in keys:
+            batch = self._batch(*key)
             self.model(batch, self.kv)  # compiles the kernels outside the capture
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[b] = self.model(batch, self.kv)
+                self.outputs[key] = self.model(batch, self.kv)
             self.pool = graph.pool()
-            self.graphs[b] = graph
+            self.graphs[key] = graph
         torch.cuda.synchronize(self.device)
 
-    def fits(self, n: int) -> bool:
-        return 0 < n <= self.max_bs
+    def _key(self, batch: ForwardBatch) -> tuple[str, int] | None:
+        n, seqs = batch.token_ids.shape[0], batch.seq_lens_t.shape[0]
+        rows, width = batch.logits_rows.shape[0], batch.block_tables.shape[1]
+        if n == 0 or width > self.block_tables.shape[1]:
+            return None
+        if batch.max_query_len == 1 and n == seqs == rows and n <= self.max_bs:
+            return "decode", next(b for b in self.buckets if b >= n)
+        if seqs > self.max_seqs:
+            return None
+        b = next((b for b in self.mixed if b >= n), 0)
+        if not b or rows > min(b, self.max_seqs):
+            return None
+        return "mixed", b
+
+    def fits(self, batch: ForwardBatch) -> bool:
+        return self._key(batch) is not None
 
     def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [n, vocab] for an eager-built decode batch of n sequences."""
-        n = batch.token_ids.shape[0]
-        b = next(x for x in self.buckets if x >= n)
+        """Logits [rows, vocab] for an eager-built batch that `fits`."""
+        key = self._key(batch)
+        if key is None:
+            raise ValueError("no captured graph fits this batch")
+        kind, b = key
+        n, seqs = batch.token_ids.shape[0], batch.seq_lens_t.shape[0]
+        rows = batch.logits_rows.shape[0]
+        s_pad = b if kind == "decode" else self.max_seqs
         self.token_ids[:n].copy_(batch.token_ids, non_blocking=True)
         self.positions[:n].copy_(batch.positions, non_blocking=True)
         self.slot_mapping[:n].copy_(batch.slot_mapping, non_blocking=True)
         self.slot_mapping[n:b].fill_(-1)
+        if kind == "mixed":
+            self.token_ids[n:b].zero_()
+            self.positions[n:b].zero_()
+            self.mixed_rows[:rows].copy_(batch.logits_rows, non_blocking=True)
+            self.mixed_rows[rows : min(b, self.max_seqs)].zero_()
         w = batch.block_tables.shape[1]
-        self.block_tables[:n, :w].copy_(batch.block_tables, non_blocking=True)
-        self.query_start_loc[: n + 1].copy_(batch.query_start_loc_t, non_blocking=True)
-        self.query_start_loc[n + 1 : b + 1].fill_(n)
-        self.seq_lens[:n].copy_(batch.seq_lens_t, non_blocking=True)
-        self.seq_lens[n:b].zero_()
-        self.graphs[b].replay()
-        return self.outputs[b][:n]
+        self.block_tables[:seqs, :w].copy_(batch.block_tables, non_blocking=True)
+        self.query_start_loc[: seqs + 1].copy_(batch.query_start_loc_t, non_blocking=True)
+        self.query_start_loc[seqs + 1 : s_pad + 1].fill_(n)
+        self.seq_lens[:seqs].copy_(batch.seq_lens_t, non_blocking=True)
+        self.seq_lens[seqs:s_pad].zero_()
+        self.graphs[key].replay()
+        self.replays[kind] += 1
+        return self.outputs[key][:rows]

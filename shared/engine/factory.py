@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.engine.cuda_graphs import DecodeGraphs
+from shared.engine.cuda_graphs import GRAPH_MODES, StepGraphs
 from shared.engine.engine import LLMEngine
 from shared.engine.model_runner import ModelRunner
 from shared.kv import BlockManager, KVPool
@@ -31,7 +31,7 @@ class EngineConfig:
     cache_dequantized: bool | None = None  # None = yes on CPU
     prefix_caching: bool = True
     max_seqs: int = 256
-    cuda_graphs: bool = True  # decode steps on CUDA replay captured graphs
+    cuda_graphs: str = "all"  # CUDA steps replayed from graphs: all, decode (steps) or off
     overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
     step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
     dense_copies: str = "auto"  # auto / on / off: dense copies of packed weights (big batches)
@@ -58,6 +58,8 @@ def _default_kv_blocks(
 
 
 def build_engine(cfg: EngineConfig) -> LoadedEngine:
+    if cfg.cuda_graphs not in GRAPH_MODES:
+        raise ValueError(f"cuda_graphs {cfg.cuda_graphs!r}: one of {', '.join(GRAPH_MODES)}")
     f = GGUFFile(cfg.model_path)
     dtype = getattr(torch, cfg.dtype)
     model = load_model(f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies)
@@ -71,8 +73,10 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, kv_dtype, cfg.device
     )
     graphs = None
-    if cfg.cuda_graphs and torch.device(cfg.device).type == "cuda" and model.ops.name == "triton":
-        graphs = DecodeGraphs(model, kv, cfg.max_seqs, max_len)
+    on_cuda = torch.device(cfg.device).type == "cuda" and model.ops.name == "triton"
+    if cfg.cuda_graphs != "off" and on_cuda:
+        mixed = cfg.max_batch_tokens if cfg.cuda_graphs == "all" else 0
+        graphs = StepGraphs(model, kv, cfg.max_seqs, max_len, mixed)
         graphs.capture()
     runner = ModelRunner(model, kv, cfg.device, graphs)
     blocks = BlockManager(

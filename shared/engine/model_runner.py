@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from shared.engine.cuda_graphs import DecodeGraphs
+from shared.engine.cuda_graphs import StepGraphs
 from shared.engine.sequence import Sequence
 from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
@@ -19,13 +19,13 @@ class ModelRunner:
         model: CausalLM,
         kv: KVPool,
         device: torch.device | str,
-        graphs: DecodeGraphs | None = None,
+        graphs: StepGraphs | None = None,
     ) -> None:
         self.model = model
         self.kv = kv
         self.device = torch.device(device)
         self.sampler = Sampler()
-        self.graphs = graphs  # decode steps replay CUDA graphs when given
+        self.graphs = graphs  # steps replay CUDA graphs when given and one fits
 
     def run(
         self, work: list[tuple[Sequence, int]], prev: SampleOutput | None = None
@@ -62,8 +62,7 @@ class ModelRunner:
             rows, src = (torch.tensor(c, dtype=torch.int64) for c in zip(*fill, strict=True))
             rows, src = to_device(rows, self.device), to_device(src, self.device)
             batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
-        decode = len(sampled) == len(work) and batch.max_query_len == 1
-        if decode and self.graphs is not None and self.graphs.fits(len(work)):
+        if self.graphs is not None and self.graphs.fits(batch):
             logits = self.graphs.run(batch)
         else:
             logits = self.model(batch, self.kv)

@@ -36,6 +36,7 @@ class ServeConfig:
     overlap: bool = False  # workers prepare step N+1 while the device runs step N
     step_target_ms: float | None = None  # workers cap prompt chunks beside decodes
     dense_copies: str | None = None  # None: the workers' default (auto)
+    cuda_graphs: str | None = None  # None: the workers' default (all)
     stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
 
     @property
@@ -58,6 +59,7 @@ class ServeConfig:
             overlap=args.overlap,
             step_target_ms=args.step_target_ms,
             dense_copies=args.dense_copies,
+            cuda_graphs=args.cuda_graphs,
             stop_timeout_s=args.stop_timeout,
         )
 
@@ -94,6 +96,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=["auto", "on", "off"],
         help="dense copies of quantized weights for batches of more than 16 rows (default auto: "
         "where the GPU has four times their size free)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        default=None,
+        choices=["all", "decode", "off"],
+        help="steps workers replay from CUDA graphs: all (default: decode and mixed steps), "
+        "decode, or off",
     )
     p.add_argument(
         "--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL"
@@ -202,6 +211,7 @@ def plan_processes(
         "--max-batch-tokens": config.max_batch_tokens,
         "--step-target-ms": config.step_target_ms,
         "--dense-copies": config.dense_copies,
+        "--cuda-graphs": config.cuda_graphs,
     }
     extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
     if config.overlap:

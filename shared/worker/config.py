@@ -26,6 +26,7 @@ class WorkerConfig:
     overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
     step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
     dense_copies: str = "auto"  # dense copies of packed weights for big batches (auto/on/off)
+    cuda_graphs: str = "all"  # steps replayed from CUDA graphs: all, decode or off
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -87,6 +88,13 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         help="keep a dense copy of each quantized weight for batches of more than 16 rows "
         "(auto: on a GPU with four times the copies' size free; env SKIFF_DENSE_COPIES)",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        default=env("SKIFF_CUDA_GRAPHS", "all"),
+        choices=["all", "decode", "off"],
+        help="steps replayed from CUDA graphs captured at startup: all (decode and mixed "
+        "prefill/decode steps), decode (decode steps only) or off (env SKIFF_CUDA_GRAPHS)",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -105,5 +113,6 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         overlap=a.overlap,
         step_target_ms=a.step_target_ms,
         dense_copies=a.dense_copies,
+        cuda_graphs=a.cuda_graphs,
         worker_id=a.worker_id,
     )

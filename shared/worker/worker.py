@@ -175,6 +175,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             overlap=cfg.overlap,
             step_target_ms=cfg.step_target_ms,
             dense_copies=cfg.dense_copies,
+            cuda_graphs=cfg.cuda_graphs,
         )
     )
     engine = loaded.engine

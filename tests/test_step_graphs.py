@@ -1,0 +1,65 @@
+"""Which steps replay a captured CUDA graph, and at which padded size (no GPU needed: the
+bucket choice is host logic; tests/test_gpu_model.py replays the graphs on a device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared.engine.cuda_graphs import StepGraphs, mixed_buckets
+from shared.kv import KVPool
+from shared.model import ForwardBatch, SeqChunk
+
+
+def test_mixed_buckets_reach_the_token_budget() -> None:
+    assert mixed_buckets(0) == []
+    assert mixed_buckets(512) == [64, 96, 128, 160, 192, 256, 320, 384, 448, 512]
+    assert mixed_buckets(100) == [64, 96, 128]
+    assert mixed_buckets(3000)[-3:] == [1536, 2048, 3008]
+    assert mixed_buckets(10) == [64]
+
+
+def _graphs(max_batch_tokens: int) -> StepGraphs:
+    kv = KVPool(1, 64, 16, 2, 8, torch.float32, "cpu")
+    return StepGraphs(None, kv, max_seqs=8, max_model_len=256, max_batch_tokens=max_batch_tokens)
+
+
+def _batch(lengths: list[int], logits: str = "last", start: int = 20) -> ForwardBatch:
+    chunks = [
+        SeqChunk(list(range(n)), start, list(range(i * 6, i * 6 + 6)), logits)
+        for i, n in enumerate(lengths)
+    ]
+    return ForwardBatch.build(chunks, 16, "cpu")
+
+
+@pytest.mark.parametrize(
+    ("lengths", "logits", "key"),
+    [
+        ([1, 1, 1], "last", ("decode", 4)),  # three decodes: bucket 4
+        ([1] * 8, "last", ("decode", 8)),
+        ([1, 1, 30], "last", ("mixed", 64)),  # decodes beside a prompt chunk
+        ([1, 40, 30], "none", ("mixed", 96)),  # 71 tokens, no logits for the chunks
+        ([1, 40, 60], "none", ("mixed", 128)),
+        ([1, 1], "none", ("mixed", 64)),  # single tokens without logits are not decodes
+        ([30, 30, 30, 30, 30], "last", None),  # 150 tokens: above the largest bucket
+        ([4, 4], "all", ("mixed", 64)),  # 8 logits rows fit min(64, max_seqs = 8)
+        ([8, 8], "all", None),  # 16 logits rows do not
+    ],
+)
+def test_steps_pick_the_next_bucket(lengths, logits, key) -> None:
+    g = _graphs(128)
+    assert g._key(_batch(lengths, logits)) == key
+    assert g.fits(_batch(lengths, logits)) == (key is not None)
+
+
+def test_without_mixed_buckets_only_decodes_fit() -> None:
+    g = _graphs(0)
+    assert g.fits(_batch([1, 1]))
+    assert not g.fits(_batch([1, 5]))
+    assert g._key(_batch([1] * 8)) == ("decode", 8)
+
+
+def test_more_sequences_than_captured_run_eagerly() -> None:
+    g = _graphs(128)
+    assert not g.fits(_batch([1] * 9))  # 9 decodes > max_seqs 8 (buckets stop at 8)
+    assert not g.fits(_batch([1] * 7 + [3, 3]))

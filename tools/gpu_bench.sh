@@ -16,7 +16,8 @@ MODEL=${MODEL_PATH:-$MODEL}  # e.g. a Q4_K_M file from tools/llama3_shape.py --t
 # SERVE_ARGS=--overlap: overlapped engine steps; SERVE_ARGS_B: a second configuration (A/B);
 # LLAMA_BENCH=1: llama-bench (W1) on the same file at the end; PROFILE=1 / PROFILE_C=1: the
 # engine's step profile (tools/profile_step) at 64 / 1 sequences first; ONLY_B=1: configuration
-# B alone (no A, no llama.cpp: for a follow-up call beside an earlier one's llama.cpp numbers)
+# B alone (no A, no llama.cpp: for a follow-up call beside an earlier one's llama.cpp numbers);
+# NO_LLAMA=1: A (and B) without llama.cpp; TEST_FILES (TEST_K, TESTS_S): GPU tests first
 
 wait_health() {  # url timeout_s
   for _ in $(seq 1 "$2"); do
@@ -54,8 +55,13 @@ if [ "${1:-}" = prepare ]; then
 fi
 
 # run
+if [ -n "${TEST_FILES:-}" ]; then  # GPU tests first (synthetic models: carry .device); TEST_K: -k
+  SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt \
+    timeout ${TESTS_S:-200} python3 -m pytest -q -rs -p no:cacheprovider -m "" \
+    ${TEST_K:+-k "$TEST_K"} $TEST_FILES 2>&1 | tail -30 | tee "$OUT/pytest.log"
+fi
 [ -f $MODEL ] || python3 -m tools.llama3_shape $MODEL --type ${MODEL_TYPE:-f16}
-if [ -z "${ONLY_B:-}" ] && [ ! -x $BUILD/bin/llama-server ] && [ ! -f /tmp/llama-build.log ]; then
+if [ -z "${ONLY_B:-}${NO_LLAMA:-}" ] && [ ! -x $BUILD/bin/llama-server ] && [ ! -f /tmp/llama-build.log ]; then
   setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
     > /tmp/llama-build.log 2>&1 < /dev/null &
 fi
@@ -78,7 +84,7 @@ if [ -n "${SERVE_ARGS_B:-}" ]; then  # a second Skiff configuration (A/B): W2 at
     | tee -a "$R"
   skiff_down
 fi
-[ -n "${ONLY_B:-}" ] && { cache_save; exit 0; }
+[ -n "${ONLY_B:-}${NO_LLAMA:-}" ] && { cache_save; exit 0; }
 for _ in $(seq 1 400); do [ -x $BUILD/bin/llama-server ] && break; sleep 1; done
 [ -x $BUILD/bin/llama-server ] || { tail -30 /tmp/llama-build.log; exit 1; }
 setsid $BUILD/bin/llama-server -m $MODEL -ngl 99 -fa on -np 256 -c 262144 --port 8090 \

@@ -36,6 +36,9 @@ _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_HEAD_DIM = 256
 # Split-K: a slice shorter than this many keys costs more in the combine pass than it wins.
 _SPLIT_MIN_KEYS = 2048  # H200: shorter slices lost to the combine pass (B=16, 1k ctx: 140 vs 63 us)
+# ... except in batches of fewer than num_sms / 2 programs, where one 64-key tile a slice wins
+# (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (g): B=1 at 512 keys 13.7 -> 7.4 us with 8)
+_SPLIT_MIN_KEYS_SMALL = 64
 _MAX_SPLITS = 16
 
 __all__ = ["_fp8_e4m3_from_bytes", "default_num_splits", "paged_attention"]
@@ -63,9 +66,17 @@ def default_num_splits(num_seqs: int, n_kv_heads: int, max_kv_len: int, num_sms:
     Without splitting a decode batch runs num_seqs * n_kv_heads programs; fewer than two per SM
     leaves the GPU idle while each program walks a long context alone. Split until there are about
     2 * num_sms programs, keeping at least _SPLIT_MIN_KEYS keys per slice, at most _MAX_SPLITS.
+    Batches of fewer than num_sms / 2 programs (batch 1-8 of a GQA model) split down to one key
+    tile a slice, by a power of two at or under 2 * num_sms programs (the H200's best: 16 at
+    batch 1-2, 8 at 4, 4 at 8).
     """
-    by_occupancy = -(-2 * num_sms // max(1, num_seqs * n_kv_heads))
-    by_length = max_kv_len // _SPLIT_MIN_KEYS
+    programs = max(1, num_seqs * n_kv_heads)
+    if 2 * programs <= num_sms:
+        by_occupancy = 1 << ((2 * num_sms // programs).bit_length() - 1)
+        by_length = max_kv_len // _SPLIT_MIN_KEYS_SMALL
+    else:
+        by_occupancy = -(-2 * num_sms // programs)
+        by_length = max_kv_len // _SPLIT_MIN_KEYS
     return max(1, min(by_occupancy, by_length, _MAX_SPLITS))
 
 

@@ -1,7 +1,7 @@
 """The paged attention kernel (including its native FP8 path, which the interpreter cannot run)
 and every packed quantized-matmul kernel compile for Hopper (sm_90) on a machine without a GPU:
-the GEMVs (plain, factored and int8), the decode-batch GEMM and the dequantizing pass, for every
-packed type. A kernel that
+the GEMVs (plain, factored and int8), the decode-batch GEMMs (float32-formed and, for Q4_K,
+fp16-formed weights) and the dequantizing pass, for every packed type. A kernel that
 the interpreter runs but the GPU compiler refuses (a Triton global that is not a constexpr, an
 unsupported cast) fails here instead of on the lent device."""
 
@@ -22,6 +22,6 @@ def test_packed_kernels_compile_for_sm90() -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    # paged attention (bf16 / FP8 cache x decode / prefill), 10 types x 10 packed variants and
-    # the int8 GEMV of the 8 types that have it
-    assert done.stdout.count("compiled for sm_90") == 4 + 100 + 8
+    # paged attention (bf16 / FP8 cache x decode / prefill), 10 types x 10 packed variants, the
+    # int8 GEMV of the 8 types that have it and the fp16 GEMM (plain, gated) of Q4_K
+    assert done.stdout.count("compiled for sm_90") == 4 + 100 + 8 + 2

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
+from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_matmul import default_config
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 from shared.kernels.qmatmul.tuning import INT8_TILES, candidates
@@ -54,12 +55,17 @@ def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[d
             ),
         ]
     if m <= 64:
-        return [base, {**base, "BLOCK_N": 32}, {**base, "BLOCK_N": 32, "WIDE": 1}]
+        out = [base, {**base, "BLOCK_N": 32}, {**base, "BLOCK_N": 32, "WIDE": 1}]
+        if qtype in F16_TYPES:  # fp16-formed weights (packed_gemm16)
+            tile = {"BLOCK_M": min(64, max(16, m)), "num_stages": 3, "F16": 1}
+            shapes = ((64, 4), (128, 4), (128, 8))
+            out += [{**tile, "BLOCK_N": b, "num_warps": w} for b, w in shapes]
+        return out
     return [base, {"DEQUANT": 1}]
 
 
 def label(cfg: dict) -> str:
-    for key in ("FACTOR", "INT8", "WIDE", "DEQUANT"):
+    for key in ("FACTOR", "INT8", "WIDE", "F16", "DEQUANT"):
         if cfg.get(key):
             tpr = f",tpr{cfg['TPR']}" if "TPR" in cfg else ""
             tpr += ",pf" if cfg.get("PREFETCH") else ""

@@ -30,6 +30,7 @@ from triton.compiler import ASTSource
 
 from shared.kernels.qmatmul.packed import CHUNK, PACKED_TYPES, WORDS, pack
 from shared.kernels.qmatmul.packed_chunk import MAGIC
+from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.quant import block_geometry
 
@@ -83,6 +84,13 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
         consts = {**fields, "BLOCK_N": 128, "SPLITS": 2, "TPR": 1, "PREFETCH": True, "ACT": act}
         return i8.gemv_int8_kernel, args, consts
+    if kind == "gemm-16":  # Q4_K weights formed in fp16 (packed_gemm16), fp16 activations
+        g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
+        xh = torch.empty(m, k, dtype=torch.float16)
+        planes = [pw.q, pw.sc, pw.mn, pw.d, pw.dmin]
+        args = [xh, *planes, out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
+        tiles = {"W": WORDS[pw.qtype], "BLOCK_M": min(m, 64), "BLOCK_N": 32, "ACT": act}
+        return g16._gemm16_kernel, args, {**tiles, "INTERPRETED": False}
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]
@@ -94,7 +102,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
     """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations), gemm or gemm-w (one dot a
-    chunk; M rows, BLOCK_M = min(M, 64)) or dequant; "-act" adds the gated SiLU epilogue."""
+    chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights, Q4_K) or dequant; "-act" adds
+    the gated SiLU epilogue."""
     pw = _weight(qtype, 4096, 4096)
     fn, args, consts = _launch_args(kind, pw, m)
     names = fn.arg_names
@@ -236,10 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemv-i8", 1, 4), ("gemm", 16, 4),
              ("gemm-w", 16, 4), ("gemm", 64, 4), ("gemm-w", 64, 4), ("dequant", 1, 4),
-             ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4))  # fmt: skip
+             ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4),
+             ("gemm-16", 64, 4), ("gemm-16-act", 64, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
             if kind == "gemv-i8" and qtype not in INT8_TYPES:
+                continue
+            if kind.startswith("gemm-16") and qtype not in F16_TYPES:
                 continue
             try:
                 compiled = compile_kernel(kind, qtype, m, args.arch, warps)

@@ -24,59 +24,96 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
-from shared.kernels.qmatmul.packed_chunk import load_chunk, load_meta
+from shared.kernels.qmatmul.packed_chunk import _words, load_chunk
+from shared.kernels.qmatmul.packed_gemm import auto_split, gated, sum_splits_kernel
 
-__all__ = ["F16_TYPES", "gemm16"]
+__all__ = ["F16_TYPES", "chunk_order", "launch_gemm16"]
 
 F16_TYPES = frozenset({GGMLQuantizationType.Q4_K})
 _FP16_MAX = 65504.0
 
 
 @triton.jit
-def _byte16(s, J: tl.constexpr):
-    """Byte J (0..7) of the int64 words s -> float32."""
-    return ((s >> (8 * J)) & 0xFF).to(tl.float32)
+def _pairs16(lo, hi, dd, J: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Bytes J of lo and of hi (a row's sub-block scales J and J + 4) times the row's d, as an
+    fp16 pair in one word (J's in the low half): byte | 0x6400 is 1024 + byte in fp16, so
+    ``(bits - 1024) * d`` is the product rounded once. dd: d's fp16 bits in both halves."""
+    if INTERPRETED:
+        b = ((lo >> (8 * J)) & 0xFF) | (((hi >> (8 * J)) & 0xFF) << 16)
+        d = (dd & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        a0 = ((b & 0xFF).to(tl.float32) * d).to(tl.float16).to(tl.int16, bitcast=True)
+        a1 = ((b >> 16).to(tl.float32) * d).to(tl.float16).to(tl.int16, bitcast=True)
+        return (a0.to(tl.int32) & 0xFFFF) | (a1.to(tl.int32) << 16)
+    sel: tl.constexpr = J | ((J + 4) << 8)  # byte J of lo, byte J of hi: bytes 0 and 1
+    return tl.inline_asm_elementwise(
+        f"""{{
+        .reg .b32 t, k;
+        mov.b32 k, 0x64006400;
+        prmt.b32 t, $1, $2, {sel | (sel << 16)};
+        lop3.b32 t, t, 0x00FF00FF, k, 0xEA;
+        sub.rn.f16x2 t, t, k;
+        mul.rn.f16x2 $0, t, $3;
+        }}""",
+        "=r,r,r,r", [lo, hi, dd], dtype=tl.int32, is_pure=True, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
-def _scale16(d, dmin, s0, m0, J: tl.constexpr):
-    """Sub-block J's (d * scale, dmin * min) as fp16 [BLOCK_N, 1] columns."""
-    scale = (d * _byte16(s0, J)).to(tl.float16)[:, None]
-    shift = (dmin * _byte16(m0, J)).to(tl.float16)[:, None]
-    return scale, shift
+def _weights16(w, a, b, J: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Fields J (bits 4J) and J + 4 (bits 4J + 16) of the words as fp16 weights
+    ``q * scale - shift``: a holds the two sub-blocks' scales, b their shifts (fp16 pairs)."""
+    if INTERPRETED:
+        q0 = ((w >> (4 * J)) & 0xF).to(tl.float32)
+        q1 = ((w >> (4 * J + 16)) & 0xF).to(tl.float32)
+        a0 = (a & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        a1 = (a >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        b0 = (b & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        b1 = (b >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        return (q0 * a0 - b0).to(tl.float16), (q1 * a1 - b1).to(tl.float16)
+    return tl.inline_asm_elementwise(
+        f"""{{
+        .reg .b32 t, u, k;
+        mov.b32 k, 0x64006400;
+        shr.u32 t, $2, {4 * J};
+        lop3.b32 t, t, 0x000F000F, k, 0xEA;
+        sub.rn.f16x2 t, t, k;
+        neg.f16x2 u, $4;
+        fma.rn.f16x2 t, t, $3, u;
+        mov.b32 {{$0, $1}}, t;
+        }}""",
+        "=h,=h,r,r,r", [w, a, b], dtype=(tl.float16, tl.float16), is_pure=True, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
-def _pair16(w, s0, m0, d, dmin, J: tl.constexpr):
-    """Fields J and J + 4 of the words (bits 4J and 4J + 16: one mask and one OR for both)
-    -> fp16 weights [BLOCK_N, W, 2]."""
-    bits = ((w >> (4 * J)) & 0x000F000F) | 0x64006400  # 1024 + q in each half
-    lo = (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-    hi = (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-    a0, b0 = _scale16(d, dmin, s0, m0, J)
-    a1, b1 = _scale16(d, dmin, s0, m0, J + 4)
-    return tl.join(lo * a0 - b0, hi * a1 - b1)
-
-
-@triton.jit
-def _tile16(w, s0, m0, d, dmin, W: tl.constexpr):
-    """The chunk as one [BLOCK_N, 8 * W] fp16 tile in the order of ``_perm16``: column
+def _tile16(w, s0, m0, dd, ddmin, W: tl.constexpr, INTERPRETED: tl.constexpr):
+    """The chunk as one [BLOCK_N, 8 * W] fp16 tile in the order of ``chunk_order``: column
     8 i + 2 j + h holds element 32 (j + 4 h) + i (word i, field j + 4 h)."""
-    t = tl.join(tl.join(_pair16(w, s0, m0, d, dmin, 0), _pair16(w, s0, m0, d, dmin, 1)),
-                tl.join(_pair16(w, s0, m0, d, dmin, 2), _pair16(w, s0, m0, d, dmin, 3)))
-    # [BN, W, h, j0, j1] with j = j0 + 2 j1 -> [BN, W, j1, j0, h]
+    s_lo, s_hi = s0.to(tl.int32), (s0 >> 32).to(tl.int32)
+    m_lo, m_hi = m0.to(tl.int32), (m0 >> 32).to(tl.int32)
+    a0 = _pairs16(s_lo, s_hi, dd, 0, INTERPRETED)[:, None]
+    a1 = _pairs16(s_lo, s_hi, dd, 1, INTERPRETED)[:, None]
+    a2 = _pairs16(s_lo, s_hi, dd, 2, INTERPRETED)[:, None]
+    a3 = _pairs16(s_lo, s_hi, dd, 3, INTERPRETED)[:, None]
+    b0 = _pairs16(m_lo, m_hi, ddmin, 0, INTERPRETED)[:, None]
+    b1 = _pairs16(m_lo, m_hi, ddmin, 1, INTERPRETED)[:, None]
+    b2 = _pairs16(m_lo, m_hi, ddmin, 2, INTERPRETED)[:, None]
+    b3 = _pairs16(m_lo, m_hi, ddmin, 3, INTERPRETED)[:, None]
+    t0 = tl.join(*_weights16(w, a0, b0, 0, INTERPRETED))
+    t1 = tl.join(*_weights16(w, a1, b1, 1, INTERPRETED))
+    t2 = tl.join(*_weights16(w, a2, b2, 2, INTERPRETED))
+    t3 = tl.join(*_weights16(w, a3, b3, 3, INTERPRETED))
+    t = tl.join(tl.join(t0, t1), tl.join(t2, t3))  # [BN, W, h, j0, j1], j = j0 + 2 j1
     t = tl.permute(t, (0, 1, 4, 3, 2))
     return tl.reshape(t, (w.shape[0], 8 * W))
 
 
 @triton.jit
-def _perm16(W: tl.constexpr):
-    """Chunk element of each tile column (``_tile16``'s order)."""
-    p = tl.arange(0, 8 * W)
-    i = p // 8
-    j = (p // 2) % 4
-    h = p % 2
-    return 32 * (j + 4 * h) + i
+def _dup16(ptr, rows, nmask, c, stride_d):
+    """A row's fp16 factor of chunk c as its bits in both halves of a word."""
+    bits = tl.load(ptr.to(tl.pointer_type(tl.int16)) + rows * stride_d + c, mask=nmask, other=0)
+    b = bits.to(tl.int32) & 0xFFFF
+    return b | (b << 16)
 
 
 @triton.jit
@@ -85,10 +122,11 @@ def _step16(
     stride_q, stride_s, stride_d, W: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     w, wh, h = load_chunk(False, q_ptr, q_ptr, rows, nmask, c, stride_q, W)
-    s0, s1, m0, m1, d, dmin = load_meta(
-        12, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
-    )
-    tile = _tile16(w, s0, m0, d, dmin, W)
+    s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 1, 1)
+    m0, m1 = _words(mn_ptr, rows, nmask, stride_s, c, 1, 1)
+    dd = _dup16(d_ptr, rows, nmask, c, stride_d)
+    ddmin = _dup16(dmin_ptr, rows, nmask, c, stride_d)
+    tile = _tile16(w, s0, m0, dd, ddmin, W, INTERPRETED)
     cols = c * (8 * W) + tl.arange(0, 8 * W)  # x pre-permuted (_perm16)
     xs = tl.load(x_rows + cols[None, :], mask=mmask[:, None], other=0.0)
     if INTERPRETED:  # its 16-bit dots multiply bit patterns: the same products in float32
@@ -98,30 +136,86 @@ def _step16(
 
 @triton.jit
 def _gemm16_kernel(
-    x_ptr,  # [M, K] fp16 activations
+    x_ptr,  # [M, K] fp16 activations, columns of each chunk in chunk_order's order
     q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    out_ptr,  # [M, N]
-    M, N, n_chunks, stride_xm, stride_om, stride_q, stride_s, stride_d,
+    out_ptr,  # [M, N] (or [M, N / 2] with ACT), or [SPLITS, M, N] float32 partials (split-K)
+    M, N, n_chunks, per_split, stride_xm, stride_om, stride_os, stride_q, stride_s, stride_d,
     W: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
+    # m varies fastest, so programs that run together share one weight tile
     rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rows_m < M
     nmask = rows < N
+    c0 = tl.program_id(2) * per_split
+    c1 = tl.minimum(c0 + per_split, n_chunks)
     x_rows = x_ptr + rows_m[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
-        c = 0
-        while c < n_chunks:
-            acc = _step16(acc, c, x_rows, mmask, q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                          nmask, stride_q, stride_s, stride_d, W, INTERPRETED)
+        c = c0
+        while c < c1:
+            acc = _step16(
+                acc, c, x_rows, mmask, q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+                stride_q, stride_s, stride_d, W, INTERPRETED,
+            )  # fmt: skip
             c += 1
     else:
-        for c in range(0, n_chunks):
-            acc = _step16(acc, c, x_rows, mmask, q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                          nmask, stride_q, stride_s, stride_d, W, INTERPRETED)
-    out = out_ptr + rows_m[:, None] * stride_om + rows[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        for c in range(c0, c1):
+            acc = _step16(
+                acc, c, x_rows, mmask, q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+                stride_q, stride_s, stride_d, W, INTERPRETED,
+            )  # fmt: skip
+    if ACT:
+        g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
+        half = tl.program_id(1).to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        out = out_ptr + rows_m[:, None] * stride_om + half[None, :]
+        ok = mmask[:, None] & (half < N // 2)[None, :]
+        tl.store(out, gated(g, u, ACT).to(out_ptr.dtype.element_ty), mask=ok)
+    else:
+        out = out_ptr + tl.program_id(2) * stride_os + rows_m[:, None] * stride_om + rows[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+def chunk_order(k: int, device: torch.device) -> torch.Tensor:
+    """Column of x for each column of the permuted activations (``chunk_order``'s order in every
+    chunk of 256)."""
+    p = torch.arange(256, device=device)
+    src = 32 * ((p // 2) % 4 + 4 * (p % 2)) + p // 8
+    return (torch.arange(0, k, 256, device=device)[:, None] + src[None, :]).reshape(-1)
+
+
+def launch_gemm16(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> None:
+    """out = x @ unpack(pw).T ([M, N]) for a Q4_K weight, or with act the gated activation of
+    its interleaved gate/up columns ([M, N / 2]). cfg: BLOCK_M, BLOCK_N, num_warps, num_stages,
+    SPLIT_K (absent: split when the tiles leave SMs idle)."""
+    if pw.qtype not in F16_TYPES:
+        raise ValueError(f"gemm16: {GGMLQuantizationType(pw.qtype).name} has no fp16 path")
+    m, n = out.shape[0], pw.shape[0]
+    n_chunks = pw.shape[1] // CHUNK[pw.qtype]
+    # fp16 activations (clamped to its range), each chunk's columns in the tile's order
+    xh = x.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16)
+    xh = xh.index_select(1, chunk_order(pw.shape[1], x.device))
+    tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
+    splits = cfg.get("SPLIT_K") or auto_split(
+        tiles[0] * tiles[1], x.device, per_sm=2, most=min(8, n_chunks // 2)
+    )
+    per_split = triton.cdiv(n_chunks, splits)
+    splits = triton.cdiv(n_chunks, per_split)
+    target = out
+    if splits > 1:  # float32 partials, added (and activated) by one more launch
+        target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    _gemm16_kernel[(*tiles, splits)](
+        xh, pw.q, pw.sc, pw.mn, pw.d, pw.dmin, target, m, n, n_chunks, per_split, xh.stride(0),
+        target.stride(-2), m * n, pw.q.stride(0), pw.sc.stride(0), pw.d.stride(0),
+        W=WORDS[pw.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        ACT=act if splits == 1 else 0, INTERPRETED=interp,
+        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+    )  # fmt: skip
+    if splits > 1:
+        total = out.numel()
+        grid = (triton.cdiv(total, 1024),)
+        sum_splits_kernel[grid](target, out, total, SPLITS=splits, BLOCK=1024, ACT=act)

@@ -37,6 +37,7 @@ from shared.kernels.qmatmul.packed_gemm import (
     strides,
     sum_splits_kernel,
 )
+from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES, launch_gemm16
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
 from shared.kernels.qmatmul.split_tickets import finish_rows
@@ -158,8 +159,9 @@ def packed_matmul(
     (1: each program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV
     of ``packed_gemv``) or ``INT8`` (1: int8 activations and dp4a, ``packed_int8``; types
     outside ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row). M > 1: ``BLOCK_M``,
-    ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a chunk), or
-    ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then torch's matmul). An absent
+    ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or
+    ``F16`` (Q4_K: the weights formed in fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense
+    copy of the weight in x's dtype, then torch's matmul). An absent
     ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made once and kept
     (``[N, K]`` in x's dtype): ``DEQUANT`` multiplies by it instead of dequantizing each call.
     """
@@ -219,6 +221,9 @@ def packed_matmul(
             torch.matmul(x, w.T, out=out)
         else:
             out.copy_(x @ w.T)
+        return out
+    if cfg.get("F16") and pw.qtype in F16_TYPES:  # fp16 weights in registers (packed_gemm16)
+        launch_gemm16(x, pw, out, cfg, interp, act)
         return out
     try:
         launch_gemm(x, pw, out, cfg, interp, act)

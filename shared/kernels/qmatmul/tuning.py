@@ -31,6 +31,7 @@ import triton
 import triton.testing
 
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
@@ -38,6 +39,7 @@ from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 __all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key", "quick_candidates"]
 
 INT8_TOL = 2e-2
+F16_TOL = 2e-3  # fp16-formed weights (packed_gemm16): one fp16 rounding of weights and inputs
 # representative M of each bucket: decode 1, <= 16, <= 64, prefill
 BUCKETS = (1, 16, 64, 512)
 # <device>.json tables measured with this code (see tuned/README.md)
@@ -113,11 +115,16 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
             for s in (1, 2, 4, 8)
         ]
     if m <= 64:
+        # fp16-formed weights (packed_gemm16, Q4_K): 64 or 128 rows a tile
+        f16 = [(64, 4, {"F16": 1}), (128, 4, {"F16": 1}), (128, 8, {"F16": 1})]
         return [
             {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3, "SPLIT_K": s, **wide}
-            for b, w, wide in ((32, 4, {}), (64, 4, {}), (64, 8, {}), (32, 4, {"WIDE": 1}))
+            for b, w, wide in (
+                (32, 4, {}), (64, 4, {}), (64, 8, {}), (32, 4, {"WIDE": 1}),
+                *(f16 if pw.qtype in F16_TYPES else ()),
+            )
             for s in (1, 2, 4, 8)
-        ]
+        ]  # fmt: skip
     return [{"DEQUANT": 1}] + [
         {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
         for bm, bn, w, s in ((128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 3))
@@ -183,7 +190,7 @@ class Tuner:
             best, best_ms = None, float("inf")
             for cfg in candidates(m, pw) if mode == "1" else quick_candidates(pw):
                 try:
-                    tol = INT8_TOL if cfg.get("INT8") else 1e-4
+                    tol = INT8_TOL if cfg.get("INT8") else F16_TOL if cfg.get("F16") else 1e-4
                     if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref, tol):
                         continue  # never pick a variant that computes something else
                     ms = matmul_ms(x, pw, copies, cfg)

@@ -1,7 +1,7 @@
 """The paged attention kernel (including its native FP8 path, which the interpreter cannot run)
 and every packed quantized-matmul kernel compile for Hopper (sm_90) on a machine without a GPU:
-the GEMVs (plain, factored and int8), the decode-batch GEMMs (float32-formed and, for Q4_K,
-fp16-formed weights) and the dequantizing pass, for every packed type. A kernel that
+the GEMVs (plain, factored and int8), the decode-batch GEMMs (float32-formed and, for Q4_K and
+Q6_K, fp16-formed weights) and the dequantizing pass, for every packed type. A kernel that
 the interpreter runs but the GPU compiler refuses (a Triton global that is not a constexpr, an
 unsupported cast) fails here instead of on the lent device."""
 
@@ -23,5 +23,5 @@ def test_packed_kernels_compile_for_sm90() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # paged attention (bf16 / FP8 cache x decode / prefill), 10 types x 10 packed variants, the
-    # int8 GEMV of the 8 types that have it and the fp16 GEMM (plain, gated) of Q4_K
-    assert done.stdout.count("compiled for sm_90") == 4 + 100 + 8 + 2
+    # int8 GEMV of the 8 types that have it and the fp16 GEMM (plain, gated) of Q4_K and Q6_K
+    assert done.stdout.count("compiled for sm_90") == 4 + 100 + 8 + 4

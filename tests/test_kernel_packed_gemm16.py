@@ -22,8 +22,8 @@ pytestmark = pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERP
 CFG = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "F16": 1}
 
 
-def _case(n: int, k: int, m: int, seed: int, dtype=torch.bfloat16):
-    pw = pack(random_raw(T.Q4_K, n, k, seed=seed).to(DEVICE), T.Q4_K, (n, k))
+def _case(n: int, k: int, m: int, seed: int, dtype=torch.bfloat16, qtype: T = T.Q4_K):
+    pw = pack(random_raw(qtype, n, k, seed=seed).to(DEVICE), qtype, (n, k))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(DEVICE, dtype)
     want = x.double() @ unpack(pw).to(DEVICE).double().T
     return pw, x, want
@@ -36,30 +36,33 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert err <= 0.002 * want.abs().max().item(), err
 
 
-def test_chunk_order_is_a_permutation_within_chunks() -> None:
-    order = chunk_order(512, torch.device("cpu"))
+@pytest.mark.parametrize("words", [32, 16])
+def test_chunk_order_is_a_permutation_within_chunks(words: int) -> None:
+    order = chunk_order(512, words, torch.device("cpu"))
     assert sorted(order.tolist()) == list(range(512))
-    assert order[:256].max() < 256
-    # column 8 i + 2 j + h holds element 32 (j + 4 h) + i
-    assert order[8 * 3 + 2 * 1 + 1].item() == 32 * (1 + 4) + 3
+    assert order[: 8 * words].max() < 8 * words
+    # column 8 i + 2 j + h holds element words * (j + 4 h) + i
+    assert order[8 * 3 + 2 * 1 + 1].item() == words * (1 + 4) + 3
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [5, 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_product(m: int, dtype: torch.dtype) -> None:
+def test_product(qtype: T, m: int, dtype: torch.dtype) -> None:
     from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
-    pw, x, want = _case(40, 512, m, seed=m, dtype=dtype)
+    pw, x, want = _case(40, 512, m, seed=m, dtype=dtype, qtype=qtype)
     assert packed_matmul(x, pw, config={**CFG, "SPLIT_K": 1}).dtype == dtype
     got = packed_matmul(x, pw, torch.float32, config={**CFG, "SPLIT_K": 1})  # no output rounding
     assert got.shape == (m, 40)
     _close(got, want)
 
 
-def test_split_k() -> None:
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_split_k(qtype: T) -> None:
     from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
-    pw, x, want = _case(40, 768, 3, seed=7)
+    pw, x, want = _case(40, 768, 3, seed=7, qtype=qtype)
     _close(packed_matmul(x, pw, torch.float32, config={**CFG, "SPLIT_K": 3}), want)
 
 
@@ -77,13 +80,14 @@ def test_gated_epilogue(act: int, fn, split: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", [(4096, 4096), (28672, 4096), (4096, 14336)], ids=str)
 @pytest.mark.parametrize("block_n", [64, 128])
-def test_llama3_shapes(shape: tuple[int, int], block_n: int) -> None:
+def test_llama3_shapes(qtype: T, shape: tuple[int, int], block_n: int) -> None:
     from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
     n, k = shape
-    pw, x, _ = _case(n, k, 64, seed=n + block_n)
+    pw, x, _ = _case(n, k, 64, seed=n + block_n, qtype=qtype)
     want = x.float() @ unpack(pw).to(DEVICE).T
     cfg = {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3, "F16": 1}
     _close(packed_matmul(x, pw, torch.float32, config=cfg), want.double())

@@ -87,9 +87,9 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     if kind == "gemm-16":  # Q4_K weights formed in fp16 (packed_gemm16), fp16 activations
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
         xh = torch.empty(m, k, dtype=torch.float16)
-        planes = [pw.q, pw.sc, pw.mn, pw.d, pw.dmin]
-        args = [xh, *planes, out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
-        tiles = {"W": WORDS[pw.qtype], "BLOCK_M": min(m, 64), "BLOCK_N": 32, "ACT": act}
+        args = [xh, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
+        tiles = {"QTYPE": int(pw.qtype), "W": WORDS[pw.qtype], "BLOCK_M": min(m, 64)}
+        tiles |= {"BLOCK_N": 32, "ACT": act}
         return g16._gemm16_kernel, args, {**tiles, "INTERPRETED": False}
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)

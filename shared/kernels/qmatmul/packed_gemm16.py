@@ -1,18 +1,25 @@
-"""The decode-batch GEMM in fp16: Q4_K weights built as fp16 tiles for one tensor-core dot a chunk.
+"""The decode-batch GEMM in fp16: Q4_K and Q6_K weights formed as fp16 tiles for one
+tensor-core dot a chunk.
 
 ``packed_gemm`` forms every weight in float32 exactly (the reference's value) and rounds it to
-the activation dtype: about ten instructions a weight, so a 64-row decode batch takes 9 ms for
-Llama-3-8B's 4.9 GB of Q4_K_M weights that HBM could deliver in 1.2 ms. Here a weight is formed
-in fp16 with three operations on 16-bit values: the 4-bit code becomes ``1024 + q`` by OR-ing
-it into the mantissa of 1024.0 (no conversion instruction), ``- 1024`` leaves ``q`` exactly,
-and one fused multiply-add applies the sub-block's ``d * scale`` and ``dmin * min`` (rounded to
-fp16 once per sub-block). Adjacent fp16 values share a register, so the compiler can issue the
-16-bit operations two at a time. Activations are fp16 (the wrapper converts them, clamped to
-fp16's range), products are summed in float32 on the tensor cores.
+the activation dtype: 10-14 instructions a weight (``tools/kernel_sass``), so a 64-row decode
+batch took 9 ms for Llama-3-8B's 4.9 GB of Q4_K_M weights that HBM delivers in 1.2 ms. Here
+two weights are formed at once in the two fp16 halves of a register (PTX ``f16x2``): fields j
+and j + 4 of a packed word sit at bits 4j and 4j + 16, so one shift and one mask take both
+codes, OR-ed into the mantissa of 1024.0 (``1024 + q`` in fp16, no conversion instruction);
+subtracting 1024 (Q6_K: 1056, with the two high bits OR-ed in first) leaves the code exactly,
+and one fused multiply-add (Q6_K: a multiply) applies the two sub-blocks' ``d * scale`` and
+``dmin * min``, themselves formed the same way from the scale bytes once a row and chunk.
+The tile's columns are in that register order (``chunk_order``), and the activations are
+converted to fp16 (clamped to its range) and permuted to match once per call. Products are
+summed in float32 on the tensor cores.
 
-The weight has one fp16 rounding where the reference (float32 weight rounded to the bf16
-activations' dtype) has one bf16 rounding: the result differs from ``x @ unpack(pw).T`` by
-summation order and those roundings, within the reference's own bf16 error (tests).
+Each weight is rounded once to fp16 where the reference (float32 weight rounded to the bf16
+activations' dtype) rounds it once to bf16: the result differs from ``x @ unpack(pw).T`` by
+those roundings and summation order (tests). Offline (sm_90, 64 rows, 32-row tiles): 6.4
+instructions a Q4_K weight and 8.7 a Q6_K one, against 10.1 and 14.2 for the WIDE tiles.
+Under the Triton interpreter, which runs no inline assembly, integer and float32 arithmetic
+computes the same roundings.
 Reference: ``x @ unpack(pw).T`` (tests/test_kernel_packed_gemm16.py).
 """
 
@@ -25,31 +32,57 @@ from gguf import GGMLQuantizationType
 
 from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import _words, load_chunk
-from shared.kernels.qmatmul.packed_gemm import auto_split, gated, sum_splits_kernel
+from shared.kernels.qmatmul.packed_gemm import auto_split, gated, planes, strides, sum_splits_kernel
 
 __all__ = ["F16_TYPES", "chunk_order", "launch_gemm16"]
 
-F16_TYPES = frozenset({GGMLQuantizationType.Q4_K})
+F16_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})
 _FP16_MAX = 65504.0
+Q4_K = tl.constexpr(int(GGMLQuantizationType.Q4_K))
+Q6_K = tl.constexpr(int(GGMLQuantizationType.Q6_K))
 
 
 @triton.jit
-def _pairs16(lo, hi, dd, J: tl.constexpr, INTERPRETED: tl.constexpr):
+def _half(t, H: tl.constexpr):
+    """Half H of each word as an fp16 value (interpreter branches)."""
+    return ((t >> (16 * H)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _pairs16(lo, hi, dd, J: tl.constexpr, SIGNED: tl.constexpr, INTERPRETED: tl.constexpr):
     """Bytes J of lo and of hi (a row's sub-block scales J and J + 4) times the row's d, as an
-    fp16 pair in one word (J's in the low half): byte | 0x6400 is 1024 + byte in fp16, so
-    ``(bits - 1024) * d`` is the product rounded once. dd: d's fp16 bits in both halves."""
+    fp16 pair in one word (J's in the low half): an unsigned byte OR-ed into 1024.0's mantissa
+    is 1024 + byte (a signed one, flipped: 1152 + byte), so subtracting that offset and one
+    multiply give the product rounded once. dd: d's fp16 bits in both halves."""
     if INTERPRETED:
-        b = ((lo >> (8 * J)) & 0xFF) | (((hi >> (8 * J)) & 0xFF) << 16)
-        d = (dd & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        a0 = ((b & 0xFF).to(tl.float32) * d).to(tl.float16).to(tl.int16, bitcast=True)
-        a1 = ((b >> 16).to(tl.float32) * d).to(tl.float16).to(tl.int16, bitcast=True)
+        b0 = (lo >> (8 * J)) & 0xFF
+        b1 = (hi >> (8 * J)) & 0xFF
+        if SIGNED:
+            b0, b1 = (b0 ^ 0x80) - 0x80, (b1 ^ 0x80) - 0x80
+        d = _half(dd, 0)
+        a0 = (b0.to(tl.float32) * d).to(tl.float16).to(tl.int16, bitcast=True)
+        a1 = (b1.to(tl.float32) * d).to(tl.float16).to(tl.int16, bitcast=True)
         return (a0.to(tl.int32) & 0xFFFF) | (a1.to(tl.int32) << 16)
-    sel: tl.constexpr = J | ((J + 4) << 8)  # byte J of lo, byte J of hi: bytes 0 and 1
+    sel: tl.constexpr = J | ((J + 4) << 8)  # bytes 0 and 2: byte J of lo, byte J of hi
+    if SIGNED:  # two's complement flipped: 128 + byte, then 1152.0 (0x6480) subtracted
+        return tl.inline_asm_elementwise(
+            f"""{{
+            .reg .b32 t, k;
+            prmt.b32 t, $1, $2, {sel};
+            and.b32 t, t, 0x00FF00FF;
+            xor.b32 t, t, 0x00800080;
+            or.b32 t, t, 0x64006400;
+            mov.b32 k, 0x64806480;
+            sub.rn.f16x2 t, t, k;
+            mul.rn.f16x2 $0, t, $3;
+            }}""",
+            "=r,r,r,r", [lo, hi, dd], dtype=tl.int32, is_pure=True, pack=1,
+        )  # fmt: skip
     return tl.inline_asm_elementwise(
         f"""{{
         .reg .b32 t, k;
         mov.b32 k, 0x64006400;
-        prmt.b32 t, $1, $2, {sel | (sel << 16)};
+        prmt.b32 t, $1, $2, {sel};
         lop3.b32 t, t, 0x00FF00FF, k, 0xEA;
         sub.rn.f16x2 t, t, k;
         mul.rn.f16x2 $0, t, $3;
@@ -59,17 +92,36 @@ def _pairs16(lo, hi, dd, J: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _weights16(w, a, b, J: tl.constexpr, INTERPRETED: tl.constexpr):
-    """Fields J (bits 4J) and J + 4 (bits 4J + 16) of the words as fp16 weights
-    ``q * scale - shift``: a holds the two sub-blocks' scales, b their shifts (fp16 pairs)."""
+def _weights16(QTYPE: tl.constexpr, w, h2, a, b, J: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Fields J (bits 4J) and J + 4 (bits 4J + 16) of the words as fp16 weights, a and b the
+    two sub-blocks' fp16 factors in one word each. Q4_K: ``q * a - b``. Q6_K: the code's two
+    high bits come from h2 (bits 2J and 2J + 16, see ``_spread``), ``(code - 32) * a``."""
     if INTERPRETED:
         q0 = ((w >> (4 * J)) & 0xF).to(tl.float32)
         q1 = ((w >> (4 * J + 16)) & 0xF).to(tl.float32)
-        a0 = (a & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        a1 = (a >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        b0 = (b & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        b1 = (b >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        return (q0 * a0 - b0).to(tl.float16), (q1 * a1 - b1).to(tl.float16)
+        if QTYPE == Q6_K:
+            q0 += 16.0 * ((h2 >> (2 * J)) & 0x3).to(tl.float32) - 32.0
+            q1 += 16.0 * ((h2 >> (2 * J + 16)) & 0x3).to(tl.float32) - 32.0
+            return (q0 * _half(a, 0)).to(tl.float16), (q1 * _half(a, 1)).to(tl.float16)
+        w0 = q0 * _half(a, 0) - _half(b, 0)
+        return w0.to(tl.float16), (q1 * _half(a, 1) - _half(b, 1)).to(tl.float16)
+    if QTYPE == Q6_K:
+        return tl.inline_asm_elementwise(
+            f"""{{
+            .reg .b32 t, u, k;
+            shr.u32 t, $2, {4 * J};
+            shr.u32 u, $3, {2 * J};
+            and.b32 u, u, 0x00030003;
+            shl.b32 u, u, 4;
+            lop3.b32 t, t, 0x000F000F, u, 0xEA;
+            or.b32 t, t, 0x64006400;
+            mov.b32 k, 0x64206420;
+            sub.rn.f16x2 t, t, k;
+            mul.rn.f16x2 t, t, $4;
+            mov.b32 {{$0, $1}}, t;
+            }}""",
+            "=h,=h,r,r,r", [w, h2, a], dtype=(tl.float16, tl.float16), is_pure=True, pack=1,
+        )  # fmt: skip
     return tl.inline_asm_elementwise(
         f"""{{
         .reg .b32 t, u, k;
@@ -86,25 +138,41 @@ def _weights16(w, a, b, J: tl.constexpr, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _tile16(w, s0, m0, dd, ddmin, W: tl.constexpr, INTERPRETED: tl.constexpr):
+def _spread(h):
+    """Q6_K's high-bit half-words (bits 2j, 2j + 1: field j) with fields 4..7 moved up by 8, so
+    that fields J and J + 4 sit at bits 2J and 2J + 16."""
+    h = h & 0xFFFF
+    return (h & 0xFF) | ((h & 0xFF00) << 8)
+
+
+@triton.jit
+def _field_pair(
+    QTYPE: tl.constexpr, w, h2, s_lo, s_hi, m_lo, m_hi, dd, ddmin, J: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """Fields J and J + 4 of the words as fp16 weights [BLOCK_N, W, 2]."""
+    a = _pairs16(s_lo, s_hi, dd, J, QTYPE == Q6_K, INTERPRETED)[:, None]
+    b = a
+    if QTYPE == Q4_K:
+        b = _pairs16(m_lo, m_hi, ddmin, J, False, INTERPRETED)[:, None]
+    return tl.join(*_weights16(QTYPE, w, h2, a, b, J, INTERPRETED))
+
+
+@triton.jit
+def _tile16(
+    QTYPE: tl.constexpr, w, h, s0, m0, dd, ddmin, W: tl.constexpr, INTERPRETED: tl.constexpr
+):
     """The chunk as one [BLOCK_N, 8 * W] fp16 tile in the order of ``chunk_order``: column
-    8 i + 2 j + h holds element 32 (j + 4 h) + i (word i, field j + 4 h)."""
+    8 i + 2 j + h holds element W (j + 4 h) + i (word i, field j + 4 h)."""
     s_lo, s_hi = s0.to(tl.int32), (s0 >> 32).to(tl.int32)
     m_lo, m_hi = m0.to(tl.int32), (m0 >> 32).to(tl.int32)
-    a0 = _pairs16(s_lo, s_hi, dd, 0, INTERPRETED)[:, None]
-    a1 = _pairs16(s_lo, s_hi, dd, 1, INTERPRETED)[:, None]
-    a2 = _pairs16(s_lo, s_hi, dd, 2, INTERPRETED)[:, None]
-    a3 = _pairs16(s_lo, s_hi, dd, 3, INTERPRETED)[:, None]
-    b0 = _pairs16(m_lo, m_hi, ddmin, 0, INTERPRETED)[:, None]
-    b1 = _pairs16(m_lo, m_hi, ddmin, 1, INTERPRETED)[:, None]
-    b2 = _pairs16(m_lo, m_hi, ddmin, 2, INTERPRETED)[:, None]
-    b3 = _pairs16(m_lo, m_hi, ddmin, 3, INTERPRETED)[:, None]
-    t0 = tl.join(*_weights16(w, a0, b0, 0, INTERPRETED))
-    t1 = tl.join(*_weights16(w, a1, b1, 1, INTERPRETED))
-    t2 = tl.join(*_weights16(w, a2, b2, 2, INTERPRETED))
-    t3 = tl.join(*_weights16(w, a3, b3, 3, INTERPRETED))
-    t = tl.join(tl.join(t0, t1), tl.join(t2, t3))  # [BN, W, h, j0, j1], j = j0 + 2 j1
-    t = tl.permute(t, (0, 1, 4, 3, 2))
+    h2 = _spread(h)
+    t0 = _field_pair(QTYPE, w, h2, s_lo, s_hi, m_lo, m_hi, dd, ddmin, 0, INTERPRETED)
+    t1 = _field_pair(QTYPE, w, h2, s_lo, s_hi, m_lo, m_hi, dd, ddmin, 1, INTERPRETED)
+    t2 = _field_pair(QTYPE, w, h2, s_lo, s_hi, m_lo, m_hi, dd, ddmin, 2, INTERPRETED)
+    t3 = _field_pair(QTYPE, w, h2, s_lo, s_hi, m_lo, m_hi, dd, ddmin, 3, INTERPRETED)
+    t = tl.join(tl.join(t0, t1), tl.join(t2, t3))  # [BN, W, h, j0, j1]
+    t = tl.permute(t, (0, 1, 4, 3, 2))  # j = j0 + 2 j1
     return tl.reshape(t, (w.shape[0], 8 * W))
 
 
@@ -118,15 +186,21 @@ def _dup16(ptr, rows, nmask, c, stride_d):
 
 @triton.jit
 def _step16(
-    acc, c, x_rows, mmask, q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-    stride_q, stride_s, stride_d, W: tl.constexpr, INTERPRETED: tl.constexpr,
+    acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
+    stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr, W: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    w, wh, h = load_chunk(False, q_ptr, q_ptr, rows, nmask, c, stride_q, W)
+    w, wh, h = load_chunk(QTYPE == Q6_K, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 1, 1)
-    m0, m1 = _words(mn_ptr, rows, nmask, stride_s, c, 1, 1)
-    dd = _dup16(d_ptr, rows, nmask, c, stride_d)
-    ddmin = _dup16(dmin_ptr, rows, nmask, c, stride_d)
-    tile = _tile16(w, s0, m0, dd, ddmin, W, INTERPRETED)
+    m0 = s0
+    if QTYPE == Q4_K:
+        m0, m1 = _words(mn_ptr, rows, nmask, stride_s, c, 1, 1)
+        dd = _dup16(d_ptr, rows, nmask, c, stride_d)
+        ddmin = _dup16(dmin_ptr, rows, nmask, c, stride_d)
+    else:  # Q6_K: chunks of 128, d per 256
+        dd = _dup16(d_ptr, rows, nmask, c // 2, stride_d)
+        ddmin = dd
+    tile = _tile16(QTYPE, w, h, s0, m0, dd, ddmin, W, INTERPRETED)
     cols = c * (8 * W) + tl.arange(0, 8 * W)  # x pre-permuted (_perm16)
     xs = tl.load(x_rows + cols[None, :], mask=mmask[:, None], other=0.0)
     if INTERPRETED:  # its 16-bit dots multiply bit patterns: the same products in float32
@@ -137,9 +211,10 @@ def _step16(
 @triton.jit
 def _gemm16_kernel(
     x_ptr,  # [M, K] fp16 activations, columns of each chunk in chunk_order's order
-    q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     out_ptr,  # [M, N] (or [M, N / 2] with ACT), or [SPLITS, M, N] float32 partials (split-K)
     M, N, n_chunks, per_split, stride_xm, stride_om, stride_os, stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr,  # Q4_K or Q6_K
     W: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -159,15 +234,15 @@ def _gemm16_kernel(
         c = c0
         while c < c1:
             acc = _step16(
-                acc, c, x_rows, mmask, q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-                stride_q, stride_s, stride_d, W, INTERPRETED,
+                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
+                nmask, stride_q, stride_s, stride_d, QTYPE, W, INTERPRETED,
             )  # fmt: skip
             c += 1
     else:
         for c in range(c0, c1):
             acc = _step16(
-                acc, c, x_rows, mmask, q_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-                stride_q, stride_s, stride_d, W, INTERPRETED,
+                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
+                nmask, stride_q, stride_s, stride_d, QTYPE, W, INTERPRETED,
             )  # fmt: skip
     if ACT:
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
@@ -180,12 +255,12 @@ def _gemm16_kernel(
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
-def chunk_order(k: int, device: torch.device) -> torch.Tensor:
-    """Column of x for each column of the permuted activations (``chunk_order``'s order in every
-    chunk of 256)."""
-    p = torch.arange(256, device=device)
-    src = 32 * ((p // 2) % 4 + 4 * (p % 2)) + p // 8
-    return (torch.arange(0, k, 256, device=device)[:, None] + src[None, :]).reshape(-1)
+def chunk_order(k: int, words: int, device: torch.device) -> torch.Tensor:
+    """Column of x for each column of the permuted activations: in every chunk of 8 * words
+    elements, column 8 i + 2 j + h takes element words * (j + 4 h) + i (``_tile16``)."""
+    p = torch.arange(8 * words, device=device)
+    src = words * ((p // 2) % 4 + 4 * (p % 2)) + p // 8
+    return (torch.arange(0, k, 8 * words, device=device)[:, None] + src[None, :]).reshape(-1)
 
 
 def launch_gemm16(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> None:
@@ -198,7 +273,7 @@ def launch_gemm16(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> None:
     n_chunks = pw.shape[1] // CHUNK[pw.qtype]
     # fp16 activations (clamped to its range), each chunk's columns in the tile's order
     xh = x.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16)
-    xh = xh.index_select(1, chunk_order(pw.shape[1], x.device))
+    xh = xh.index_select(1, chunk_order(pw.shape[1], WORDS[pw.qtype], x.device))
     tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     splits = cfg.get("SPLIT_K") or auto_split(
         tiles[0] * tiles[1], x.device, per_sm=2, most=min(8, n_chunks // 2)
@@ -209,10 +284,9 @@ def launch_gemm16(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> None:
     if splits > 1:  # float32 partials, added (and activated) by one more launch
         target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     _gemm16_kernel[(*tiles, splits)](
-        xh, pw.q, pw.sc, pw.mn, pw.d, pw.dmin, target, m, n, n_chunks, per_split, xh.stride(0),
-        target.stride(-2), m * n, pw.q.stride(0), pw.sc.stride(0), pw.d.stride(0),
-        W=WORDS[pw.qtype], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        ACT=act if splits == 1 else 0, INTERPRETED=interp,
+        xh, *planes(pw), target, m, n, n_chunks, per_split, xh.stride(0), target.stride(-2),
+        m * n, *strides(pw), QTYPE=int(pw.qtype), W=WORDS[pw.qtype], BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"], ACT=act if splits == 1 else 0, INTERPRETED=interp,
         num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
     )  # fmt: skip
     if splits > 1:

@@ -18,7 +18,7 @@ import triton.testing
 from shared.kernels.qmatmul.packed import PackedWeight
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
-__all__ = ["cold_graph_ms", "matmul_ms", "weight_copies"]
+__all__ = ["cold_dense_ms", "cold_graph_ms", "matmul_ms", "weight_copies"]
 
 _MAX_COPIES = 64
 
@@ -46,12 +46,22 @@ def cold_graph_ms(
 ) -> float:
     """Median ms of one ``packed_matmul(x, w, config=config)`` over the copies of a weight,
     replayed from a CUDA graph."""
-    packed_matmul(x, copies[0], config=config)  # compile outside the capture
+    return _graph_ms(x, copies, lambda w: packed_matmul(x, w, config=config), reps)
+
+
+def cold_dense_ms(x: torch.Tensor, dense: list[torch.Tensor], reps: int = 5) -> float:
+    """The same for torch's matmul on dense copies of a weight (``[N, K]`` each, together more
+    than twice the L2): what the engine runs on its dense copies."""
+    return _graph_ms(x, dense, lambda w: x @ w.T, reps)
+
+
+def _graph_ms(x: torch.Tensor, weights: list, call, reps: int) -> float:
+    call(weights[0])  # compile (or pick a cuBLAS kernel) outside the capture
     torch.cuda.synchronize(x.device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for c in copies:
-            packed_matmul(x, c, config=config)
+        for w in weights:
+            call(w)
     graph.replay()
     times = []
     for _ in range(reps):
@@ -61,7 +71,7 @@ def cold_graph_ms(
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / len(copies))
+        times.append(start.elapsed_time(end) / len(weights))
     del graph
     return statistics.median(times)
 

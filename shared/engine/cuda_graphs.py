@@ -13,7 +13,8 @@ the real token count) and a zero length; padding tokens get token 0, position 0 
 which the KV write skips, and belong to no sequence, so attention never reads them and every
 other op keeps rows apart; padding logits rows repeat row 0 and are cut off. Inputs live in
 static buffers the graphs were captured on; a step copies the real values in and replays.
-Sampling runs right after the replay, on the device.
+Every graph leaves its logits in one shared buffer, which sampling reads right after the
+replay, on the device, before the next step's replay is queued on the same stream.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class StepGraphs:
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[str, int], torch.Tensor] = {}
         self.pool = None
+        self.logits: torch.Tensor | None = None  # every graph's logits (capture)
         self.replays = {"decode": 0, "mixed": 0}  # steps replayed, by kind
 
     def _batch(self, kind: str, b: int) -> ForwardBatch:
@@ -94,19 +96,28 @@ class StepGraphs:
         )
 
     def capture(self) -> None:
-        """Capture every bucket, largest first so smaller graphs reuse its memory pool."""
+        """Capture every bucket, largest first so smaller graphs reuse its memory pool. Every
+        graph copies its logits into one shared buffer (a step's logits are sampled before the
+        next step replays), so the pool holds one step's logits, not one per bucket (over a GB
+        for a 128k vocabulary and 256 rows a bucket)."""
         self.query_start_loc.zero_()
         self.seq_lens.zero_()
         self.slot_mapping.fill_(-1)
         keys = [("mixed", b) for b in reversed(self.mixed)]
         keys += [("decode", b) for b in reversed(self.buckets)]
+        rows = max(self._batch(*key).logits_rows.shape[0] for key in keys)
+        vocab = self.model.cfg.vocab_size
+        self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=self.device)
         for key in keys:
             batch = self._batch(*key)
             self.model(batch, self.kv)  # compiles the kernels outside the capture
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[key] = self.model(batch, self.kv)
+                out = self.model(batch, self.kv)
+                self.outputs[key] = self.logits[: out.shape[0]]
+                self.outputs[key].copy_(out)
+                del out  # its memory returns to the pool for the next capture
             self.pool = graph.pool()
             self.graphs[key] = graph
         torch.cuda.synchronize(self.device)

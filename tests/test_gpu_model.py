@@ -96,7 +96,11 @@ def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:
     assert generate(cuda) == generate("cpu")
 
 
-def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None:
+def _generate_gemma3(cuda: str, synthetic_dir: Path, graphs: bool, budget: int) -> tuple:
+    """20 sequences (prompts of 5-138 tokens, greedy and sampled) through the engine on the
+    synthetic gemma3 model with a `budget`-token step: (their tokens, the graphs' replay counts,
+    or None without graphs). With budget 512 every prompt fits one step (decode graphs only);
+    with 96 the longer prompts are chunked beside decodes (mixed-step graphs too)."""
     from shared.engine import Sequence
     from shared.engine.cuda_graphs import StepGraphs
     from shared.engine.engine import LLMEngine
@@ -107,70 +111,39 @@ def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None
     from shared.sampling import SamplingParams, make_generator
 
     path = next(p for p in gpu_models(synthetic_dir) if "gemma3" in p.name)
+    model = load_model(GGUFFile(path), cuda)
+    cfg = model.cfg
+    kv = KVPool(cfg.n_layers, 512, 16, cfg.n_kv_heads, cfg.head_dim, torch.float32, cuda)
+    g = None
+    if graphs:
+        mixed = budget if budget < 512 else 0
+        g = StepGraphs(model, kv, max_seqs=32, max_model_len=1024, max_batch_tokens=mixed)
+        g.capture()
+    engine = LLMEngine(ModelRunner(model, kv, cuda, g), BlockManager(512, 16), 1024, budget, 32)
+    for i in range(20):  # 20 sequences: buckets 24 and below, with padding
+        params = SamplingParams(temperature=0.8 if i % 2 else 0.0, seed=i)
+        engine.add(
+            Sequence(i, _ids(5 + 7 * i, seed=i), params, 24, generator=make_generator(i, cuda))
+        )
+    out: dict[int, list[int]] = {i: [] for i in range(20)}
+    while engine.has_work():
+        for ev in engine.step():
+            out[ev.seq_id].append(ev.token_id)
+    engine.check_integrity()
+    return [out[i] for i in range(20)], (dict(g.replays) if g is not None else None)
 
-    def generate(graphs: bool) -> list[list[int]]:
-        model = load_model(GGUFFile(path), cuda)
-        cfg = model.cfg
-        kv = KVPool(cfg.n_layers, 256, 16, cfg.n_kv_heads, cfg.head_dim, torch.float32, cuda)
-        g = None
-        if graphs:
-            g = StepGraphs(model, kv, max_seqs=32, max_model_len=1024)
-            g.capture()
-        engine = LLMEngine(ModelRunner(model, kv, cuda, g), BlockManager(256, 16), 1024, 512, 32)
-        for i in range(20):  # 20 sequences: buckets 24 and below, with padding
-            params = SamplingParams(temperature=0.8 if i % 2 else 0.0, seed=i)
-            engine.add(
-                Sequence(i, _ids(5 + 7 * i, seed=i), params, 24, generator=make_generator(i, cuda))
-            )
-        out: dict[int, list[int]] = {i: [] for i in range(20)}
-        while engine.has_work():
-            for ev in engine.step():
-                out[ev.seq_id].append(ev.token_id)
-        engine.check_integrity()
-        return [out[i] for i in range(20)]
 
-    assert generate(graphs=True) == generate(graphs=False)
+def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None:
+    graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=512)
+    assert graphs == _generate_gemma3(cuda, synthetic_dir, graphs=False, budget=512)[0]
+    assert replays["decode"] > 5 and replays["mixed"] == 0
 
 
 def test_cuda_graph_mixed_steps_match_eager(cuda: str, synthetic_dir: Path) -> None:
     """Prompt chunks beside decodes (a 96-token budget chunks the longer prompts) replayed from
     the mixed-step graphs give the same tokens as eager steps."""
-    from shared.engine import Sequence
-    from shared.engine.cuda_graphs import StepGraphs
-    from shared.engine.engine import LLMEngine
-    from shared.engine.model_runner import ModelRunner
-    from shared.kv import BlockManager, KVPool
-    from shared.loader import GGUFFile
-    from shared.model import load_model
-    from shared.sampling import SamplingParams, make_generator
-
-    path = next(p for p in gpu_models(synthetic_dir) if "gemma3" in p.name)
-    replays = {}
-
-    def generate(graphs: bool) -> list[list[int]]:
-        model = load_model(GGUFFile(path), cuda)
-        cfg = model.cfg
-        kv = KVPool(cfg.n_layers, 512, 16, cfg.n_kv_heads, cfg.head_dim, torch.float32, cuda)
-        g = None
-        if graphs:
-            g = StepGraphs(model, kv, max_seqs=32, max_model_len=1024, max_batch_tokens=96)
-            g.capture()
-        engine = LLMEngine(ModelRunner(model, kv, cuda, g), BlockManager(512, 16), 1024, 96, 32)
-        for i in range(20):
-            params = SamplingParams(temperature=0.8 if i % 2 else 0.0, seed=i)
-            engine.add(
-                Sequence(i, _ids(5 + 7 * i, seed=i), params, 24, generator=make_generator(i, cuda))
-            )
-        out: dict[int, list[int]] = {i: [] for i in range(20)}
-        while engine.has_work():
-            for ev in engine.step():
-                out[ev.seq_id].append(ev.token_id)
-        engine.check_integrity()
-        if g is not None:
-            replays.update(g.replays)
-        return [out[i] for i in range(20)]
-
-    assert generate(graphs=True) == generate(graphs=False)
+    graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=96)
+    assert graphs == _generate_gemma3(cuda, synthetic_dir, graphs=False, budget=96)[0]
     assert replays["mixed"] > 5 and replays["decode"] > 5
 
 

@@ -31,7 +31,9 @@ __all__ = [
     "fields",
     "gated",
     "launch_gemm",
+    "launch_split",
     "planes",
+    "store_tile",
     "strides",
     "sum_splits_kernel",
 ]
@@ -194,7 +196,18 @@ def _gemm_kernel(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
                 nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, INTERPRETED,
             )  # fmt: skip
-    out = out_ptr + tl.program_id(2) * stride_os + rows_m[:, None] * stride_om + rows[None, :]
+    store_tile(out_ptr, acc, rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N, ACT)
+
+
+@triton.jit
+def store_tile(
+    out_ptr, acc, rows_m, rows, M, N, stride_om, stride_os,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
+):  # fmt: skip
+    """A GEMM program's float32 [BLOCK_M, BLOCK_N] tile into out ([M, N], or its split's slice
+    of the [SPLITS, M, N] partials), or with ACT the gated activation of its gate/up column
+    pairs ([M, N / 2]; never split)."""
+    mmask = rows_m < M
     if ACT:
         g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
         half = tl.program_id(1).to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
@@ -202,7 +215,8 @@ def _gemm_kernel(
         ok = mmask[:, None] & (half < N // 2)[None, :]
         tl.store(out, gated(g, u, ACT).to(out_ptr.dtype.element_ty), mask=ok)
     else:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        out = out_ptr + tl.program_id(2) * stride_os + rows_m[:, None] * stride_om + rows[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & (rows < N)[None, :])
 
 
 @triton.jit
@@ -224,27 +238,39 @@ SMALL_TILE = {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
 def launch_gemm(x, pw, out, cfg, interp, act: int = 0) -> None:
     """out = x @ unpack(pw).T ([M, N]), or with act the gated activation of its interleaved
     gate/up columns ([M, N / 2])."""
+
+    def launch(grid, target, n_chunks, per_split, epilogue):
+        _gemm_kernel[grid](
+            x, *planes(pw), target, out.shape[0], pw.shape[0], n_chunks, per_split, x.stride(0),
+            target.stride(-2), out.shape[0] * pw.shape[0], *strides(pw), **fields(pw),
+            BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], WIDE=bool(cfg.get("WIDE")),
+            ACT=epilogue, INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
+            num_stages=cfg.get("num_stages", 2),
+        )  # fmt: skip
+
+    launch_split(pw, out, cfg, act, launch)
+
+
+def launch_split(pw: PackedWeight, out: torch.Tensor, cfg: dict, act: int, launch) -> None:
+    """A GEMM over cfg's output tiles (BLOCK_M x BLOCK_N), with its chunk loop split over a
+    third grid axis when the tiles alone leave SMs idle (or as cfg's SPLIT_K says):
+    ``launch(grid, target, n_chunks, per_split, act)`` writes out itself, or float32 partials
+    that one more launch adds (and activates)."""
     m, n = out.shape[0], pw.shape[0]
     n_chunks = pw.shape[1] // CHUNK[pw.qtype]
     tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
     splits = cfg.get("SPLIT_K") or auto_split(
-        tiles[0] * tiles[1], x.device, per_sm=2, most=min(8, n_chunks // 2)
+        tiles[0] * tiles[1], out.device, per_sm=2, most=min(8, n_chunks // 2)
     )
     per_split = triton.cdiv(n_chunks, splits)
     splits = triton.cdiv(n_chunks, per_split)
-    target = out
-    if splits > 1:  # float32 partials, added (and activated) by one more launch
-        target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    _gemm_kernel[(*tiles, splits)](
-        x, *planes(pw), target, m, n, n_chunks, per_split, x.stride(0), target.stride(-2),
-        m * n, *strides(pw), **fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        WIDE=bool(cfg.get("WIDE")), ACT=act if splits == 1 else 0, INTERPRETED=interp,
-        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
-    )  # fmt: skip
-    if splits > 1:
-        total = out.numel()
-        grid = (triton.cdiv(total, 1024),)
-        sum_splits_kernel[grid](target, out, total, SPLITS=splits, BLOCK=1024, ACT=act)
+    if splits == 1:
+        launch((*tiles, 1), out, n_chunks, per_split, act)
+        return
+    target = torch.empty((splits, m, n), dtype=torch.float32, device=out.device)
+    launch((*tiles, splits), target, n_chunks, per_split, 0)
+    grid = (triton.cdiv(out.numel(), 1024),)
+    sum_splits_kernel[grid](target, out, out.numel(), SPLITS=splits, BLOCK=1024, ACT=act)
 
 
 def auto_split(tiles: int, device: torch.device, per_sm: int, most: int) -> int:

@@ -30,9 +30,9 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
-from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
+from shared.kernels.qmatmul.packed import WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import _words, load_chunk
-from shared.kernels.qmatmul.packed_gemm import auto_split, gated, planes, strides, sum_splits_kernel
+from shared.kernels.qmatmul.packed_gemm import launch_split, planes, store_tile, strides
 
 __all__ = ["F16_TYPES", "chunk_order", "launch_gemm16"]
 
@@ -244,15 +244,7 @@ def _gemm16_kernel(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
                 nmask, stride_q, stride_s, stride_d, QTYPE, W, INTERPRETED,
             )  # fmt: skip
-    if ACT:
-        g, u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
-        half = tl.program_id(1).to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        out = out_ptr + rows_m[:, None] * stride_om + half[None, :]
-        ok = mmask[:, None] & (half < N // 2)[None, :]
-        tl.store(out, gated(g, u, ACT).to(out_ptr.dtype.element_ty), mask=ok)
-    else:
-        out = out_ptr + tl.program_id(2) * stride_os + rows_m[:, None] * stride_om + rows[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+    store_tile(out_ptr, acc, rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N, ACT)
 
 
 def chunk_order(k: int, words: int, device: torch.device) -> torch.Tensor:
@@ -264,32 +256,22 @@ def chunk_order(k: int, words: int, device: torch.device) -> torch.Tensor:
 
 
 def launch_gemm16(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> None:
-    """out = x @ unpack(pw).T ([M, N]) for a Q4_K weight, or with act the gated activation of
-    its interleaved gate/up columns ([M, N / 2]). cfg: BLOCK_M, BLOCK_N, num_warps, num_stages,
-    SPLIT_K (absent: split when the tiles leave SMs idle)."""
+    """out = x @ unpack(pw).T ([M, N]) for a Q4_K or Q6_K weight, or with act the gated
+    activation of its interleaved gate/up columns ([M, N / 2]). cfg: BLOCK_M, BLOCK_N,
+    num_warps, num_stages, SPLIT_K (absent: split when the tiles leave SMs idle)."""
     if pw.qtype not in F16_TYPES:
         raise ValueError(f"gemm16: {GGMLQuantizationType(pw.qtype).name} has no fp16 path")
-    m, n = out.shape[0], pw.shape[0]
-    n_chunks = pw.shape[1] // CHUNK[pw.qtype]
     # fp16 activations (clamped to its range), each chunk's columns in the tile's order
     xh = x.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16)
     xh = xh.index_select(1, chunk_order(pw.shape[1], WORDS[pw.qtype], x.device))
-    tiles = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(n, cfg["BLOCK_N"]))
-    splits = cfg.get("SPLIT_K") or auto_split(
-        tiles[0] * tiles[1], x.device, per_sm=2, most=min(8, n_chunks // 2)
-    )
-    per_split = triton.cdiv(n_chunks, splits)
-    splits = triton.cdiv(n_chunks, per_split)
-    target = out
-    if splits > 1:  # float32 partials, added (and activated) by one more launch
-        target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-    _gemm16_kernel[(*tiles, splits)](
-        xh, *planes(pw), target, m, n, n_chunks, per_split, xh.stride(0), target.stride(-2),
-        m * n, *strides(pw), QTYPE=int(pw.qtype), W=WORDS[pw.qtype], BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], ACT=act if splits == 1 else 0, INTERPRETED=interp,
-        num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
-    )  # fmt: skip
-    if splits > 1:
-        total = out.numel()
-        grid = (triton.cdiv(total, 1024),)
-        sum_splits_kernel[grid](target, out, total, SPLITS=splits, BLOCK=1024, ACT=act)
+
+    def launch(grid, target, n_chunks, per_split, epilogue):
+        _gemm16_kernel[grid](
+            xh, *planes(pw), target, out.shape[0], pw.shape[0], n_chunks, per_split,
+            xh.stride(0), target.stride(-2), out.shape[0] * pw.shape[0], *strides(pw),
+            QTYPE=int(pw.qtype), W=WORDS[pw.qtype], BLOCK_M=cfg["BLOCK_M"],
+            BLOCK_N=cfg["BLOCK_N"], ACT=epilogue, INTERPRETED=interp,
+            num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
+        )  # fmt: skip
+
+    launch_split(pw, out, cfg, act, launch)

@@ -63,3 +63,25 @@ def test_more_sequences_than_captured_run_eagerly() -> None:
     g = _graphs(128)
     assert not g.fits(_batch([1] * 9))  # 9 decodes > max_seqs 8 (buckets stop at 8)
     assert not g.fits(_batch([1] * 7 + [3, 3]))
+
+
+class _Graphs:
+    """Stands in for StepGraphs: capture fails for the token counts in `fails`."""
+
+    def __init__(self, tokens: int, fails: set[int]) -> None:
+        self.tokens, self.fails = tokens, fails
+
+    def capture(self) -> None:
+        if self.tokens in self.fails:
+            raise RuntimeError(f"capture of {self.tokens} failed")
+
+
+@pytest.mark.parametrize(
+    ("fails", "kept"), [(set(), 512), ({512}, 0), ({512, 0}, None)], ids=["all", "decode", "none"]
+)
+def test_a_failed_capture_falls_back(fails: set[int], kept: int | None, caplog) -> None:
+    from shared.engine.factory import capture_graphs
+
+    graphs = capture_graphs(lambda tokens: _Graphs(tokens, fails), 512)
+    assert (graphs.tokens if graphs else None) == kept
+    assert ("failed" in caplog.text) == bool(fails)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,8 @@ from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
 from shared.model import load_model
 from shared.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,24 @@ def _default_kv_blocks(
     return max(1, budget // per_block)
 
 
+def capture_graphs(make, mixed_tokens: int):
+    """``make(tokens).capture()`` with mixed steps up to mixed_tokens, else decode steps only,
+    else none: a model whose steps cannot be captured runs eagerly (slower, with a warning)
+    instead of failing to start."""
+    for tokens in dict.fromkeys((mixed_tokens, 0)):
+        graphs = make(tokens)
+        try:
+            graphs.capture()
+            return graphs
+        except Exception as exc:  # noqa: BLE001 - any capture failure: fall back, say why
+            what = "mixed and decode" if tokens else "decode"
+            log.warning("capturing CUDA graphs of %s steps failed: %s", what, exc)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    log.warning("running every step eagerly (no CUDA graphs)")
+    return None
+
+
 def build_engine(cfg: EngineConfig) -> LoadedEngine:
     if cfg.cuda_graphs not in GRAPH_MODES:
         raise ValueError(f"cuda_graphs {cfg.cuda_graphs!r}: one of {', '.join(GRAPH_MODES)}")
@@ -76,8 +97,11 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     on_cuda = torch.device(cfg.device).type == "cuda" and model.ops.name == "triton"
     if cfg.cuda_graphs != "off" and on_cuda:
         mixed = cfg.max_batch_tokens if cfg.cuda_graphs == "all" else 0
-        graphs = StepGraphs(model, kv, cfg.max_seqs, max_len, mixed)
-        graphs.capture()
+
+        def make(tokens: int) -> StepGraphs:
+            return StepGraphs(model, kv, cfg.max_seqs, max_len, tokens)
+
+        graphs = capture_graphs(make, mixed)
     runner = ModelRunner(model, kv, cfg.device, graphs)
     blocks = BlockManager(
         num_blocks,

@@ -12,7 +12,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack, unpack
-from shared.kernels.qmatmul.packed_gemm16 import chunk_order
+from shared.kernels.qmatmul.packed_gemm16 import chunk_order, prepare_x16
 from shared.ops.activation import gelu_mul, silu_mul
 from tests.test_kernel_packed_matmul import random_raw
 
@@ -43,6 +43,15 @@ def test_chunk_order_is_a_permutation_within_chunks(words: int) -> None:
     assert order[: 8 * words].max() < 8 * words
     # column 8 i + 2 j + h holds element words * (j + 4 h) + i
     assert order[8 * 3 + 2 * 1 + 1].item() == words * (1 + 4) + 3
+
+
+@pytest.mark.parametrize("words", [32, 16])
+def test_activations_in_tile_order(words: int) -> None:
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(words)) * 10
+    x[0, :4] = torch.tensor([1e6, -1e6, 70000.0, 1e-9])  # past fp16's range, and tiny
+    x = x.to(DEVICE, torch.bfloat16)
+    want = x.float().clamp(-65504, 65504).half()[:, chunk_order(512, words, x.device)]
+    assert torch.equal(prepare_x16(x, words), want)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)

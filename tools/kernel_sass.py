@@ -91,6 +91,11 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         tiles = {"QTYPE": int(pw.qtype), "W": WORDS[pw.qtype], "BLOCK_M": min(m, 64)}
         tiles |= {"BLOCK_N": 32, "ACT": act}
         return g16._gemm16_kernel, args, {**tiles, "INTERPRETED": False}
+    if kind == "x16":  # packed_gemm16's activation conversion (one row-chunk a program)
+        g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
+        xh = torch.empty(m, k, dtype=torch.float16)
+        consts = {"W": WORDS[pw.qtype], "FP16_MAX": 65504.0}
+        return g16._x16_kernel, [x, xh, k, k], consts
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]
@@ -246,12 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemv-i8", 1, 4), ("gemm", 16, 4),
              ("gemm-w", 16, 4), ("gemm", 64, 4), ("gemm-w", 64, 4), ("dequant", 1, 4),
              ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4),
-             ("gemm-16", 64, 4), ("gemm-16-act", 64, 4))  # fmt: skip
+             ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
             if kind == "gemv-i8" and qtype not in INT8_TYPES:
                 continue
-            if kind.startswith("gemm-16") and qtype not in F16_TYPES:
+            if kind in ("gemm-16", "gemm-16-act", "x16") and qtype not in F16_TYPES:
                 continue
             try:
                 compiled = compile_kernel(kind, qtype, m, args.arch, warps)

@@ -10,8 +10,9 @@ codes, OR-ed into the mantissa of 1024.0 (``1024 + q`` in fp16, no conversion in
 subtracting 1024 (Q6_K: 1056, with the two high bits OR-ed in first) leaves the code exactly,
 and one fused multiply-add (Q6_K: a multiply) applies the two sub-blocks' ``d * scale`` and
 ``dmin * min``, themselves formed the same way from the scale bytes once a row and chunk.
-The tile's columns are in that register order (``chunk_order``), and the activations are
-converted to fp16 (clamped to its range) and permuted to match once per call. Products are
+The tile's columns are in that register order (``chunk_order``); one small launch per call
+converts the activations to fp16 (clamped to its range) and permutes them to match
+(``prepare_x16``). Products are
 summed in float32 on the tensor cores.
 
 Each weight is rounded once to fp16 where the reference (float32 weight rounded to the bf16
@@ -34,7 +35,7 @@ from shared.kernels.qmatmul.packed import WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import _words, load_chunk
 from shared.kernels.qmatmul.packed_gemm import launch_split, planes, store_tile, strides
 
-__all__ = ["F16_TYPES", "chunk_order", "launch_gemm16"]
+__all__ = ["F16_TYPES", "chunk_order", "launch_gemm16", "prepare_x16"]
 
 F16_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})
 _FP16_MAX = 65504.0
@@ -255,15 +256,37 @@ def chunk_order(k: int, words: int, device: torch.device) -> torch.Tensor:
     return (torch.arange(0, k, 8 * words, device=device)[:, None] + src[None, :]).reshape(-1)
 
 
+@triton.jit
+def _x16_kernel(x_ptr, out_ptr, stride_x, stride_o, W: tl.constexpr, FP16_MAX: tl.constexpr):
+    """One chunk of one row: x's columns in ``chunk_order``'s order, clamped to fp16's range."""
+    row = tl.program_id(0).to(tl.int64)
+    base = tl.program_id(1) * (8 * W)
+    p = tl.arange(0, 8 * W)
+    src = W * ((p // 2) % 4 + 4 * (p % 2)) + p // 8
+    v = tl.load(x_ptr + row * stride_x + base + src).to(tl.float32)
+    v = tl.minimum(tl.maximum(v, -FP16_MAX), FP16_MAX)
+    tl.store(out_ptr + row * stride_o + base + p, v.to(tl.float16))
+
+
+def prepare_x16(x: torch.Tensor, words: int) -> torch.Tensor:
+    """x [M, K] -> fp16 [M, K], clamped to fp16's range, every chunk's columns in the tile's
+    order (``chunk_order``): one launch."""
+    m, k = x.shape
+    out = torch.empty((m, k), dtype=torch.float16, device=x.device)
+    if m:
+        _x16_kernel[(m, k // (8 * words))](
+            x, out, x.stride(0), out.stride(0), W=words, FP16_MAX=_FP16_MAX, num_warps=1
+        )
+    return out
+
+
 def launch_gemm16(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> None:
     """out = x @ unpack(pw).T ([M, N]) for a Q4_K or Q6_K weight, or with act the gated
     activation of its interleaved gate/up columns ([M, N / 2]). cfg: BLOCK_M, BLOCK_N,
     num_warps, num_stages, SPLIT_K (absent: split when the tiles leave SMs idle)."""
     if pw.qtype not in F16_TYPES:
         raise ValueError(f"gemm16: {GGMLQuantizationType(pw.qtype).name} has no fp16 path")
-    # fp16 activations (clamped to its range), each chunk's columns in the tile's order
-    xh = x.clamp(-_FP16_MAX, _FP16_MAX).to(torch.float16)
-    xh = xh.index_select(1, chunk_order(pw.shape[1], WORDS[pw.qtype], x.device))
+    xh = prepare_x16(x, WORDS[pw.qtype])
 
     def launch(grid, target, n_chunks, per_split, epilogue):
         _gemm16_kernel[grid](

@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             copies = weight_copies(pw)
             gguf_bytes = n * k // block * size
             dense = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
+            # cold dense copies for the decode-batch comparison, made once a shape
+            cold = [dense] + [dense.clone() for _ in copies[1:]] if args.families else []
             for m in args.m:
                 x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
                 cands = candidates(m, pw)[:: 3 if args.quick else 1]
@@ -106,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.families:  # each family's time, then the usual line
                     times = "  ".join(f"{label(c)} {t * 1e3:.1f} us" for t, c in results)
                     if 1 < m <= 64:  # what the engine runs on its dense copies (cold, graph)
-                        cold = [dense] + [dense.clone() for _ in copies[1:]]
                         times += f"  cuBLAS-on-copy {cold_dense_ms(x, cold) * 1e3:.1f} us"
-                        del cold
                     print(f"{name:<5}{n:>7}{k:>6} M={m:<4} {times}")
                     if m > 64:
                         copy_fn = lambda pw=pw: dequantize_packed(pw, torch.bfloat16)  # noqa: E731
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"default {ms_default * 1e3:.1f} us  best {cfg}"
                     )
                 sys.stdout.flush()
-            del pw, dense, copies
+            del pw, dense, copies, cold
     return 0
 
 

@@ -84,7 +84,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
         consts = {**fields, "BLOCK_N": 128, "SPLITS": 2, "TPR": 1, "PREFETCH": True, "ACT": act}
         return i8.gemv_int8_kernel, args, consts
-    if kind == "gemm-16":  # Q4_K weights formed in fp16 (packed_gemm16), fp16 activations
+    if kind == "gemm-16":  # Q4_K / Q6_K weights formed in fp16 (packed_gemm16)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
         xh = torch.empty(m, k, dtype=torch.float16)
         args = [xh, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
@@ -107,7 +107,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
     """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations), gemm or gemm-w (one dot a
-    chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights, Q4_K) or dequant; "-act" adds
+    chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights, Q4_K / Q6_K) and x16 (its
+    activation conversion) or dequant; "-act" adds
     the gated SiLU epilogue."""
     pw = _weight(qtype, 4096, 4096)
     fn, args, consts = _launch_args(kind, pw, m)

@@ -77,10 +77,14 @@ class StepGraphs:
         self.logits: torch.Tensor | None = None  # every graph's logits (capture)
         self.replays = {"decode": 0, "mixed": 0}  # steps replayed, by kind
 
+    def _rows(self, kind: str, b: int) -> int:
+        """Logits rows of a graph: one a sequence (decode), at most max_seqs (mixed)."""
+        return b if kind == "decode" else min(b, self.max_seqs)
+
     def _batch(self, kind: str, b: int) -> ForwardBatch:
         """The static batch of a graph: decode bucket b, or mixed bucket b (tokens)."""
         seqs = b if kind == "decode" else self.max_seqs
-        rows = self.rows[:b] if kind == "decode" else self.mixed_rows[: min(b, self.max_seqs)]
+        rows = (self.rows if kind == "decode" else self.mixed_rows)[: self._rows(kind, b)]
         return ForwardBatch(
             token_ids=self.token_ids[:b],
             positions=self.positions[:b],
@@ -105,7 +109,7 @@ class StepGraphs:
         self.slot_mapping.fill_(-1)
         keys = [("mixed", b) for b in reversed(self.mixed)]
         keys += [("decode", b) for b in reversed(self.buckets)]
-        rows = max(self._batch(*key).logits_rows.shape[0] for key in keys)
+        rows = max(self._rows(*key) for key in keys)
         vocab = self.model.cfg.vocab_size
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=self.device)
         for key in keys:
@@ -132,18 +136,19 @@ class StepGraphs:
         if seqs > self.max_seqs:
             return None
         b = next((b for b in self.mixed if b >= n), 0)
-        if not b or rows > min(b, self.max_seqs):
+        if not b or rows > self._rows("mixed", b):
             return None
         return "mixed", b
 
     def fits(self, batch: ForwardBatch) -> bool:
         return self._key(batch) is not None
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [rows, vocab] for an eager-built batch that `fits`."""
+    def run(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """Logits [rows, vocab] for an eager-built batch, replayed from the graph that fits it;
+        None when none does (the caller runs the step eagerly)."""
         key = self._key(batch)
         if key is None:
-            raise ValueError("no captured graph fits this batch")
+            return None
         kind, b = key
         n, seqs = batch.token_ids.shape[0], batch.seq_lens_t.shape[0]
         rows = batch.logits_rows.shape[0]
@@ -156,7 +161,7 @@ class StepGraphs:
             self.token_ids[n:b].zero_()
             self.positions[n:b].zero_()
             self.mixed_rows[:rows].copy_(batch.logits_rows, non_blocking=True)
-            self.mixed_rows[rows : min(b, self.max_seqs)].zero_()
+            self.mixed_rows[rows : self._rows(kind, b)].zero_()
         w = batch.block_tables.shape[1]
         self.block_tables[:seqs, :w].copy_(batch.block_tables, non_blocking=True)
         self.query_start_loc[: seqs + 1].copy_(batch.query_start_loc_t, non_blocking=True)

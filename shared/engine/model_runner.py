@@ -62,9 +62,8 @@ class ModelRunner:
             rows, src = (torch.tensor(c, dtype=torch.int64) for c in zip(*fill, strict=True))
             rows, src = to_device(rows, self.device), to_device(src, self.device)
             batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
-        if self.graphs is not None and self.graphs.fits(batch):
-            logits = self.graphs.run(batch)
-        else:
+        logits = self.graphs.run(batch) if self.graphs is not None else None
+        if logits is None:  # no graph fits this step
             logits = self.model(batch, self.kv)
         if not sampled:
             return sampled, None

@@ -202,7 +202,7 @@ def _step16(
         dd = _dup16(d_ptr, rows, nmask, c // 2, stride_d)
         ddmin = dd
     tile = _tile16(QTYPE, w, h, s0, m0, dd, ddmin, W, INTERPRETED)
-    cols = c * (8 * W) + tl.arange(0, 8 * W)  # x pre-permuted (_perm16)
+    cols = c * (8 * W) + tl.arange(0, 8 * W)  # x in the tile's order (prepare_x16)
     xs = tl.load(x_rows + cols[None, :], mask=mmask[:, None], other=0.0)
     if INTERPRETED:  # its 16-bit dots multiply bit patterns: the same products in float32
         return tl.dot(xs.to(tl.float32), tl.trans(tile.to(tl.float32)), acc, input_precision="ieee")

@@ -160,7 +160,7 @@ def packed_matmul(
     of ``packed_gemv``) or ``INT8`` (1: int8 activations and dp4a, ``packed_int8``; types
     outside ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row). M > 1: ``BLOCK_M``,
     ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or
-    ``F16`` (Q4_K: the weights formed in fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense
+    ``F16`` (Q4_K, Q6_K: the weights formed in fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense
     copy of the weight in x's dtype, then torch's matmul). An absent
     ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made once and kept
     (``[N, K]`` in x's dtype): ``DEQUANT`` multiplies by it instead of dequantizing each call.
@@ -189,7 +189,7 @@ def packed_matmul(
         part = out  # never read without splits
         if splits > 1:  # the last program of each row tile adds them (split_tickets)
             part = torch.empty((splits, n), dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(n, cfg["BLOCK_N"]), splits)
+        grid = (tiles, splits)
         targets = (out, part, pw.tickets)
         if cfg.get("INT8") and pw.qtype in INT8_TYPES:  # int8 activations, dp4a
             launch_int8(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp)

@@ -134,7 +134,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
 def agrees(got: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> bool:
     """Same product up to summation order (relative Frobenius error). The int8 GEMV is held to
     INT8_TOL: its activations are rounded (about 0.5 % for Gaussian ones; a wrong kernel is
-    off by 100 %)."""
+    off by 100 %); the fp16 GEMM to F16_TOL (weights and activations rounded to fp16)."""
     err = (got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)
     return bool(torch.isfinite(got).all()) and float(err) < tol
 

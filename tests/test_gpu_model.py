@@ -147,6 +147,29 @@ def test_cuda_graph_mixed_steps_match_eager(cuda: str, synthetic_dir: Path) -> N
     assert replays["mixed"] > 5 and replays["decode"] > 5
 
 
+def test_cuda_graph_mixed_steps_split_k_match_eager(
+    cuda: str, synthetic_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above with attention split-K in the chunks' steps (thresholds lowered so that
+    prefixes of 16 keys count as long): graphs read the slice count on the device."""
+    import shared.engine.cuda_graphs as cg
+    import shared.kernels.paged_attention as pa
+
+    chosen: list[int] = []
+
+    def spy(*args: object) -> int:
+        chosen.append(rule(*args))
+        return chosen[-1]
+
+    rule = pa.chunk_num_splits
+    monkeypatch.setattr(cg, "chunk_num_splits", spy)
+    monkeypatch.setattr(pa, "CHUNK_SPLIT_MIN_CONTEXT", 16)
+    monkeypatch.setattr(pa, "_CHUNK_SPLIT_MIN_KEYS", 16)
+    graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=96)
+    assert max(chosen) > 1 and replays["mixed"] > 5
+    assert graphs == _generate_gemma3(cuda, synthetic_dir, graphs=False, budget=96)[0]
+
+
 def test_mixed_graph_logits_match_eager_q4_k_m(cuda: str, synthetic_dir: Path) -> None:
     """A quantized model's mixed step through a graph (bf16, padded to 64 tokens: other matmul
     paths than the 35 real rows take eagerly) gives the eager logits up to summation order."""

@@ -1,13 +1,16 @@
 """Split-K of the Triton paged attention: the split result equals a single pass (also with more
-slices than key tiles), and the automatic split count for decode batches follows the H200's
-measured rule (shared.kernels.paged_attention.default_num_splits). Helpers and the interpreter /
+slices than key tiles, and with the count read on the device as CUDA graphs do), and the split
+counts follow their rules (shared.kernels.paged_attention: default_num_splits for decode
+batches, chunk_num_splits for steps with prompt chunks). Helpers and the interpreter /
 GPU selection: tests/test_kernel_paged_attention.py."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.test_kernel_paged_attention import (
+    DEVICE,
     F32,
     TOL,
     assert_close,
@@ -61,3 +64,47 @@ def test_default_num_splits() -> None:
     assert pa.default_num_splits(4, 8, 4096, 132) == 8
     assert pa.default_num_splits(8, 8, 34000, 132) == 4
     assert pa.default_num_splits(1, 8, 100, 132) == 1
+
+
+@pytest.mark.usefixtures("small_tiles")
+def test_device_split_count_matches_single_pass() -> None:
+    """Launches sized for 8 slices, the count read from a device tensor: 1 writes out directly
+    (the combine pass returns at once), 3 and 8 combine; all equal one pass."""
+    batch = make_batch(*scenario("mixed"), n_heads=4, n_kv_heads=1, head_dim=64, block_size=8)
+    one = run_kernel(batch, 0.125, num_splits=1)
+    for count in (1, 3, 8):
+        t = torch.tensor([count], dtype=torch.int32, device=DEVICE)
+        many = run_kernel(batch, 0.125, num_splits=8, num_splits_t=t)
+        assert not many.isnan().any()
+        assert ((many - one).norm() / one.norm()).item() < 1e-6
+
+
+def test_device_split_count_needs_a_launch_size() -> None:
+    batch = make_batch(*scenario("chunk"), n_heads=4, n_kv_heads=1, head_dim=64)
+    t = torch.tensor([2], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="num_splits_t needs num_splits > 1"):
+        run_kernel(batch, 0.125, num_splits_t=t)
+    with pytest.raises(ValueError, match="num_splits_t must be a \\[1\\] int32"):
+        run_kernel(batch, 0.125, num_splits=4, num_splits_t=t.long())
+
+
+def test_chunk_num_splits() -> None:
+    """Llama-3-8B shapes (32 / 8 heads, head_dim 128: 32-token query tiles), 132 SMs."""
+
+    def splits(chunk: int, prefix: int, decodes: int = 7, limit: int = 8) -> int:
+        q_lens = [chunk] + [1] * decodes
+        seq_lens = [prefix + chunk] + [2000] * decodes
+        return pa.chunk_num_splits(q_lens, seq_lens, 32, 8, 128, 132, limit)
+
+    # W3: 384 tokens -> 96 long programs for 132 SMs; 4 slices -> 384, about 3 per SM
+    assert splits(384, 16384) == 4
+    assert splits(256, 16384) == 2  # 64 programs: 2 slices fill one wave
+    assert splits(512, 16384) == 1  # 128 programs fill the GPU already
+    assert splits(2048, 16384) == 1
+    assert splits(384, 16384, limit=2) == 1  # 2 slices make 2 waves of half the work: no gain
+    assert splits(384, 4095) == 1  # a short prefix: not worth a workspace round trip
+    assert splits(384, 4096) == 4
+    assert splits(384, 1500) == 1
+    assert pa.chunk_num_splits([1] * 8, [40000] * 8, 32, 8, 128, 132, 8) == 1  # decode batch
+    assert pa.chunk_num_splits([], [], 32, 8, 128, 132, 8) == 1
+    assert [pa.chunk_split_limit(n) for n in (64, 512, 640, 1024, 2048, 8192)] == [8, 8, 6, 4, 2, 2]

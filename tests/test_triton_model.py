@@ -86,3 +86,27 @@ def _generate(path: Path, ops: str) -> list[list[int]]:
 
 def test_engine_decode_with_triton_ops_matches_torch(path: Path) -> None:
     assert _generate(path, "triton") == _generate(path, "torch")
+
+
+def test_chunk_split_k_matches_torch_ops(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompt chunks over a cached prefix with attention split-K (thresholds lowered to this
+    tiny model: a prefix of 8 keys counts as long, a slice needs 8 keys, 64 SMs to fill)."""
+    import shared.kernels.device as device_k
+    import shared.kernels.paged_attention as pa
+
+    chosen: list[int] = []
+
+    def spy(*args: object) -> int:
+        chosen.append(rule(*args))
+        return chosen[-1]
+
+    rule = pa.chunk_num_splits
+    monkeypatch.setattr(pa, "chunk_num_splits", spy)
+    monkeypatch.setattr(pa, "CHUNK_SPLIT_MIN_CONTEXT", 8)
+    monkeypatch.setattr(pa, "_CHUNK_SPLIT_MIN_KEYS", 8)
+    monkeypatch.setattr(device_k, "num_sms", lambda device: 64)
+    ids = [1] + np.random.default_rng(0).integers(3, 320, 39).tolist()
+    ref = logits(path, "torch", ids, 13, torch.float32)
+    got = logits(path, "triton", ids, 13, torch.float32)
+    assert max(chosen) > 1
+    np.testing.assert_allclose(got, ref, atol=2e-3 * np.abs(ref).max(), rtol=0)

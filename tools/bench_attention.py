@@ -7,6 +7,9 @@ chunk over a cached prefix; reports TFLOP/s over the causal (and windowed) query
 timed as a decode step runs them (replayed from a CUDA graph: no Python launch cost), to choose
 `default_num_splits`' rule from (W1 at batch 1 spent 0.56 ms a token in attention, 8 programs).
 
+`--chunks`: instead, W3's steps: a prompt chunk of 256/384/512 tokens over a 4k-28k prefix beside
+7 decodes at 2k keys, graph-replayed, by split count (auto: chunk_num_splits) and prefill tiles.
+
     python -m tools.bench_attention [--dtype bf16|fp16|fp8] [--heads 32 --kv-heads 8 --head-dim 128]
 """
 
@@ -98,6 +101,46 @@ def visible_pairs(ctx: int, n: int, window: int) -> int:
     return total
 
 
+def chunk_steps(args: argparse.Namespace) -> None:
+    """W3's attention: a chunk over a long prefix beside 7 decodes, graph-replayed, in TFLOP/s
+    over the visible query-key pairs, by split count and by prefill tile shape."""
+    import shared.kernels.paged_attention as pa
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    default_tiles = pa._pick_tiles
+    variants = {"default": None, "m64x64 w4 s2": (64, 64, 4, 2), "m128x64 w8 s3": (128, 64, 8, 3),
+                "m128x32 w4 s2": (128, 32, 4, 2), "m64x128 w4 s2": (64, 128, 4, 2)}  # fmt: skip
+    print("chunk + 7 decodes at 2k keys, graph-replayed: us per call (TFLOP/s) by split count")
+    for name, tiles in variants.items():
+
+        def pick(q_len: int, group: int, head_dim: int, tiles=tiles) -> pa._Tiles:
+            if tiles is None or q_len <= 1:
+                return default_tiles(q_len, group, head_dim)
+            return pa._Tiles(max(tiles[0], group), *tiles[1:])
+
+        pa._pick_tiles = pick
+        for chunk in (256, 384, 512):
+            for prefix in (4096, 16384, 28672):
+                q_lens, seq_lens = [chunk] + [1] * 7, [prefix + chunk] + [2048] * 7
+                pairs = visible_pairs(prefix, chunk, args.window) + 7 * 2048
+                flops = 4 * args.heads * args.head_dim * pairs
+                auto = pa.chunk_num_splits(
+                    q_lens, seq_lens, args.heads, args.kv_heads, args.head_dim, sms,
+                    pa.chunk_split_limit(chunk + 7),
+                )  # fmt: skip
+                cells = []
+                for s in sorted({1, 2, 4, 8, auto}):
+                    try:
+                        ms = run(args, q_lens, seq_lens, graph=True, num_splits=s)
+                    except Exception as e:  # a tile shape the compiler refuses: say so
+                        cells.append(f"{s}: {type(e).__name__}")
+                        continue
+                    mark = "*" if s == auto else ""
+                    cells.append(f"{s}{mark}: {ms * 1e3:7.1f} ({flops / ms / 1e9:4.0f})")
+                print(f"  {name:14s} chunk={chunk} prefix={prefix:5d}  " + "  ".join(cells))
+    pa._pick_tiles = default_tiles
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", choices=DTYPES, default="bf16", help="KV cache dtype")
@@ -107,10 +150,14 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--window", type=int, default=0, help="sliding window (0: full attention)")
     p.add_argument("--splits", type=int, nargs="*", help="sweep these split counts (see above)")
+    p.add_argument("--chunks", action="store_true", help="W3's chunk steps (see above)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA device")
     print(f"{torch.cuda.get_device_name()}  {vars(args)}")
+    if args.chunks:
+        chunk_steps(args)
+        return
     if args.splits:
         print("decode, graph-replayed: us per call by split count (auto: default_num_splits)")
         for batch in (1, 2, 4, 8):

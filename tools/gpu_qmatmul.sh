@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, profile (ncu, tools/gpu_profile.sh), step
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, chunks, profile (ncu, tools/gpu_profile.sh), step
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
   [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -35,6 +35,10 @@ esac
 case " $STAGES " in *" attn "*)  # batch 1-8 decode attention by split count (graph-replayed)
   timeout ${ATTN_S:-90} python3 -m tools.bench_attention --splits 1 2 4 8 16 2>&1 \
     | tee "$OUT/attn-splits.txt" ;;
+esac
+case " $STAGES " in *" chunks "*)  # W3's chunk steps by split count and prefill tiles
+  timeout ${CHUNKS_S:-200} python3 -m tools.bench_attention --chunks 2>&1 \
+    | tee "$OUT/attn-chunks.txt" ;;
 esac
 case " $STAGES " in *" profile "*)
   timeout 100 bash tools/gpu_profile.sh ;;

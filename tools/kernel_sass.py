@@ -152,9 +152,10 @@ class _CompileOnlyDriver:
         return True
 
 
-def compile_attention(kv: str, query_len: int, arch: int = 90):
+def compile_attention(kv: str, query_len: int, arch: int = 90, device_splits: bool = False):
     """The paged-attention kernel as ``paged_attention`` launches it for a Llama-3-8B-like batch
-    (16 sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache."""
+    (16 sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache;
+    device_splits: split-K with the count read on the device (mixed-step CUDA graphs)."""
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
@@ -181,9 +182,10 @@ def compile_attention(kv: str, query_len: int, arch: int = 90):
         starts = torch.arange(b + 1, dtype=torch.int32) * query_len
         lens = torch.full((b,), ctx, dtype=torch.int32)
         scales = torch.empty(blocks, bs, n_kv) if kv == "fp8" else None
+        splits = {"num_splits": 8, "num_splits_t": lens[:1]} if device_splits else {}
         pa.paged_attention(
             q, k, torch.empty_like(k), table, starts, lens, 0.088, max_query_len=query_len,
-            k_scale=scales, v_scale=scales, max_seq_len=ctx,
+            k_scale=scales, v_scale=scales, max_seq_len=ctx, **splits,
         )  # fmt: skip
     finally:
         JITFunction.__getitem__, pa._native_fp8, pa._num_sms, driver._active = saved
@@ -237,10 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel_sass: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
         return 2
     for kv in ("bf16", "fp8"):
-        for query_len in (1, 64):  # decode, prefill
+        for query_len, device_splits in ((1, False), (64, False), (64, True)):  # decode, prefill
             what = f"attention {kv} KV, {query_len} queries a sequence"
+            what += ", split count on the device" if device_splits else ""
             try:
-                compiled = compile_attention(kv, query_len, args.arch)
+                compiled = compile_attention(kv, query_len, args.arch, device_splits)
             except Exception as exc:  # noqa: BLE001 - report which kernel and why
                 print(f"{what}: FAILED: {type(exc).__name__}: {exc}")
                 return 1

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from shared.kernels.device import num_sms
+from shared.kernels.paged_attention import chunk_num_splits, chunk_split_limit
 from shared.kv import KVPool
 from shared.model import ForwardBatch
 from shared.model.causal_lm import CausalLM
@@ -71,6 +73,7 @@ class StepGraphs:
         self.seq_lens = torch.zeros(s, dtype=torch.int32, device=dev)
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)  # decode: row i is token i
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[str, int], torch.Tensor] = {}
         self.pool = None
@@ -97,6 +100,8 @@ class StepGraphs:
             seq_lens_t=self.seq_lens[:seqs],
             max_query_len=1 if kind == "decode" else b,  # b > 1: prefill tiles
             max_seq_len=self.max_model_len,
+            attn_splits_t=None if kind == "decode" else self.attn_splits,
+            max_attn_splits=chunk_split_limit(b),
         )
 
     def capture(self) -> None:
@@ -140,6 +145,15 @@ class StepGraphs:
             return None
         return "mixed", b
 
+    def _chunk_splits(self, batch: ForwardBatch, b: int) -> int:
+        """The split-K slices of a mixed step's attention (see chunk_num_splits)."""
+        cfg, starts = self.model.cfg, batch.query_start_loc
+        query_lens = [starts[i + 1] - starts[i] for i in range(len(batch.seq_lens))]
+        return chunk_num_splits(
+            query_lens, batch.seq_lens, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+            num_sms(self.device), chunk_split_limit(b),
+        )  # fmt: skip
+
     def fits(self, batch: ForwardBatch) -> bool:
         return self._key(batch) is not None
 
@@ -168,6 +182,8 @@ class StepGraphs:
         self.query_start_loc[seqs + 1 : s_pad + 1].fill_(n)
         self.seq_lens[:seqs].copy_(batch.seq_lens_t, non_blocking=True)
         self.seq_lens[seqs:s_pad].zero_()
+        if kind == "mixed":
+            self.attn_splits.fill_(self._chunk_splits(batch, b))
         self.graphs[key].replay()
         self.replays[kind] += 1
         return self.outputs[key][:rows]

@@ -40,8 +40,22 @@ _SPLIT_MIN_KEYS = 2048  # H200: shorter slices lost to the combine pass (B=16, 1
 # (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (g): B=1 at 512 keys 13.7 -> 7.4 us with 8)
 _SPLIT_MIN_KEYS_SMALL = 64
 _MAX_SPLITS = 16
+# Steps with prompt chunks: a chunk of a few hundred tokens over a long prefix runs fewer long
+# programs than the GPU has SMs (384 tokens at GQA 4: 12 query tiles x 8 KV heads = 96 programs
+# for 132 SMs, each walking the whole prefix). Such steps split too, when the prefix is long.
+CHUNK_SPLIT_MIN_CONTEXT = 4096  # cached keys before a chunk is worth splitting
+_CHUNK_SPLIT_MIN_KEYS = 1024  # keys a slice at least
+_CHUNK_SPLIT_GAIN = 0.9  # a split count must cut the estimated time by 10 % to be chosen
+_CHUNK_SPLIT_ROWS = 4096  # slices x tokens at most: the float32 workspace of one layer's step
 
-__all__ = ["_fp8_e4m3_from_bytes", "default_num_splits", "paged_attention"]
+__all__ = [
+    "CHUNK_SPLIT_MIN_CONTEXT",
+    "_fp8_e4m3_from_bytes",
+    "chunk_num_splits",
+    "chunk_split_limit",
+    "default_num_splits",
+    "paged_attention",
+]
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,53 @@ def default_num_splits(num_seqs: int, n_kv_heads: int, max_kv_len: int, num_sms:
         by_occupancy = -(-2 * num_sms // programs)
         by_length = max_kv_len // _SPLIT_MIN_KEYS
     return max(1, min(by_occupancy, by_length, _MAX_SPLITS))
+
+
+def chunk_num_splits(
+    query_lens: list[int],
+    seq_lens: list[int],
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    num_sms: int,
+    max_splits: int,
+) -> int:
+    """Split-K factor for a step with prompt chunks, from its host-side lengths.
+
+    Only sequences with at least CHUNK_SPLIT_MIN_CONTEXT cached keys before their queries count:
+    their programs (query tiles x KV heads) walk long prefixes, the rest are short. With P such
+    programs and s slices each, an SM runs cdiv(P * s, num_sms) slices of 1 / s of the work;
+    the count with the least estimated time wins if it beats one slice by 10 %, keeping at
+    least _CHUNK_SPLIT_MIN_KEYS keys a slice.
+    """
+    if max_splits <= 1 or not query_lens or max(query_lens) <= 1:
+        return 1
+    group = n_heads // n_kv_heads
+    block_q = _pick_tiles(max(query_lens), group, head_dim).block_m // group
+    long = [
+        (n_q, n)
+        for n_q, n in zip(query_lens, seq_lens, strict=True)
+        if n_q > 0 and n - n_q >= CHUNK_SPLIT_MIN_CONTEXT
+    ]
+    if not long:
+        return 1
+    programs = n_kv_heads * sum(-(-n_q // block_q) for n_q, _ in long)
+    by_length = min(n for _, n in long) // _CHUNK_SPLIT_MIN_KEYS
+
+    def cost(s: int) -> float:
+        return -(-programs * s // num_sms) / s
+
+    best = 1
+    for s in range(2, min(max_splits, by_length) + 1):
+        if cost(s) < cost(best) and cost(s) <= _CHUNK_SPLIT_GAIN * cost(1):
+            best = s
+    return best
+
+
+def chunk_split_limit(n_tokens: int) -> int:
+    """The most slices a step with prompt chunks may use: 8, fewer above 512 tokens (the
+    workspace holds slices x tokens x n_heads x head_dim float32 values), at least 2."""
+    return max(2, min(8, _CHUNK_SPLIT_ROWS // max(n_tokens, 1)))
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -186,13 +247,17 @@ def paged_attention(
     num_splits: int = 0,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,  # [T, n_heads, head_dim] in q.dtype
+    num_splits_t: torch.Tensor | None = None,  # [1] int32 on q.device, <= num_splits
 ) -> torch.Tensor:
     """Attention of q over the paged cache; returns [T, n_heads, head_dim] in q.dtype.
 
     max_query_len (the longest query run of a sequence) picks the tile shapes; 1 means a decode
     batch. num_splits > 1 forces split-K; 0 lets `default_num_splits` decide for decode batches,
-    using max_seq_len (default: the block table's capacity) as the longest context. An FP8 cache
-    (float8_e4m3fn, value = fp8 * scale) needs k_scale and v_scale and computes in q.dtype.
+    using max_seq_len (default: the block table's capacity) as the longest context. With
+    num_splits_t, num_splits (> 1) only sizes the launch and the workspace: the kernels read the
+    count to use (1 to num_splits, not checked: a host sync) from the device, so a CUDA graph
+    can change it between replays. An FP8 cache (float8_e4m3fn, value = fp8 * scale) needs
+    k_scale and v_scale and computes in q.dtype.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -201,6 +266,15 @@ def paged_attention(
     _check(0 <= max_query_len <= n_tokens, f"max_query_len {max_query_len} not in [0, {n_tokens}]")
     _check(sliding_window >= 0, f"sliding_window {sliding_window} < 0")
     _check(num_splits >= 0, f"num_splits {num_splits} < 0")
+    if num_splits_t is not None:
+        _check(num_splits > 1, f"num_splits_t needs num_splits > 1 (the most), got {num_splits}")
+        _check(
+            num_splits_t.shape == (1,)
+            and num_splits_t.dtype == torch.int32
+            and num_splits_t.device == q.device,
+            f"num_splits_t must be a [1] int32 tensor on {q.device}, got {num_splits_t.dtype} "
+            f"{tuple(num_splits_t.shape)} on {num_splits_t.device}",
+        )
     if out is None:
         out = torch.empty_like(q)
     _check(
@@ -243,13 +317,15 @@ def paged_attention(
         part_m, part_l = part_ml[0], part_ml[1]
     else:
         part_acc, part_m, part_l = out, out, out  # unused
+    dynamic = num_splits_t is not None
+    splits_t = num_splits_t if dynamic else seq_lens  # a pointer never read without DYNAMIC
     block_q = tiles.block_m // group
     grid = (n_tokens // block_q + num_seqs, n_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         out, part_acc, part_m, part_l,
         q, k_cache, v_cache, ks, vs,
         block_tables, query_start_loc, seq_lens,
-        num_seqs, num_splits, sliding_window, scale * math.log2(math.e),
+        num_seqs, num_splits, splits_t, sliding_window, scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
         block_tables.stride(0),
@@ -263,6 +339,7 @@ def paged_attention(
         BLOCK_SIZE=block_size,
         USE_WINDOW=sliding_window > 0,
         USE_SPLITS=num_splits > 1,
+        DYNAMIC_SPLITS=dynamic,
         KV_FP8=kv_fp8,
         FP8_FROM_BYTES=fp8_from_bytes,
         DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
@@ -272,11 +349,12 @@ def paged_attention(
     )  # fmt: skip
     if num_splits > 1:
         _combine_splits_kernel[(n_tokens, n_heads)](
-            out, part_acc, part_m, part_l, num_splits,
+            out, part_acc, part_m, part_l, num_splits, splits_t,
             out.stride(0), out.stride(1), *part_acc.stride()[:3], *part_m.stride()[:3],
             HEAD_DIM=head_dim,
             BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
             SPLITS=triton.next_power_of_2(num_splits),
+            DYNAMIC_SPLITS=dynamic,
             INTERPRETED=_interpreted(),
         )  # fmt: skip
     return out

@@ -149,7 +149,8 @@ def _paged_attention_kernel(
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
     num_seqs,
-    num_splits,
+    num_splits,  # the grid's split dimension (and the workspace's)
+    splits_ptr,  # [1] int32: the slices to use, <= num_splits (DYNAMIC_SPLITS only)
     sliding_window,
     qk_scale,  # softmax scale * log2(e)
     stride_q_t: tl.int64,
@@ -184,6 +185,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SPLITS: tl.constexpr,
+    DYNAMIC_SPLITS: tl.constexpr,  # the split count is read from splits_ptr (CUDA graphs)
     KV_FP8: tl.constexpr,
     FP8_FROM_BYTES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -191,6 +193,11 @@ def _paged_attention_kernel(
 ):
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    n_splits = num_splits
+    if DYNAMIC_SPLITS:
+        n_splits = tl.load(splits_ptr)
+        if split >= n_splits:
+            return
     seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
     q_begin = tl.load(query_start_loc_ptr + seq)
     n_query = tl.load(query_start_loc_ptr + seq + 1) - q_begin
@@ -221,7 +228,7 @@ def _paged_attention_kernel(
         tile_lo = tl.maximum(first_pos - sliding_window + 1, 0) // TILE_N
     tile_hi = tl.cdiv(last_pos + 1, TILE_N)
     if USE_SPLITS:
-        per_split = tl.cdiv(tile_hi - tile_lo, num_splits)
+        per_split = tl.cdiv(tile_hi - tile_lo, n_splits)
         tile_lo = tile_lo + split * per_split
         tile_hi = tl.minimum(tile_lo + per_split, tile_hi)
 
@@ -257,7 +264,11 @@ def _paged_attention_kernel(
                 DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
 
+    # one slice (no split-K, or a dynamic count of 1): the result goes straight to out
+    to_parts = False
     if USE_SPLITS:
+        to_parts = n_splits > 1
+    if to_parts:
         pa_off = split * stride_pa_s + token[:, None] * stride_pa_t + head[:, None] * stride_pa_h
         tl.store(part_acc_ptr + pa_off + d[None, :], acc, mask=io_mask)
         pm_off = split * stride_pm_s + token * stride_pm_t + head * stride_pm_h
@@ -276,6 +287,7 @@ def _combine_splits_kernel(
     part_m_ptr,  # [num_splits, T, n_heads] float32
     part_l_ptr,  # [num_splits, T, n_heads] float32
     num_splits,
+    splits_ptr,  # [1] int32: the slices used (DYNAMIC_SPLITS only); 1 = out is written already
     stride_o_t: tl.int64,
     stride_o_h: tl.int64,
     stride_pa_s: tl.int64,
@@ -287,12 +299,18 @@ def _combine_splits_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLITS: tl.constexpr,  # num_splits rounded up to a power of two
+    DYNAMIC_SPLITS: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
+    n_splits = num_splits
+    if DYNAMIC_SPLITS:
+        n_splits = tl.load(splits_ptr)
+        if n_splits == 1:
+            return
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, SPLITS)
-    s_ok = s < num_splits
+    s_ok = s < n_splits
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     pm_off = s * stride_pm_s + token * stride_pm_t + head * stride_pm_h

@@ -87,11 +87,13 @@ class TritonOps(TorchOps):
     def __init__(self) -> None:
         from shared.kernels import activation as act_k
         from shared.kernels import norm as norm_k
-        from shared.kernels.paged_attention import paged_attention
+        from shared.kernels import paged_attention as attn_k
+        from shared.kernels.device import num_sms
         from shared.kernels.rope_kv import rope_and_write_kv
 
-        self._norm, self._act = norm_k, act_k
-        self._attn, self._rope_kv = paged_attention, rope_and_write_kv
+        self._norm, self._act, self._attn_k = norm_k, act_k, attn_k
+        self._attn, self._rope_kv = attn_k.paged_attention, rope_and_write_kv
+        self._num_sms = num_sms
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return self._norm.rms_norm(x, w, eps)
@@ -139,7 +141,30 @@ class TritonOps(TorchOps):
             k_scale=ks,
             v_scale=vs,
             max_seq_len=batch.max_seq_len,
+            **self._chunk_splits(q, kc.shape[2], batch, sliding_window),
         )
+
+    def _chunk_splits(
+        self, q: torch.Tensor, n_kv_heads: int, batch: ForwardBatch, sliding_window: int
+    ) -> dict:
+        """Split-K arguments for a step with prompt chunks (decode batches choose their own):
+        a slice count from the batch's lengths, or the device-held one of a CUDA graph."""
+        if batch.max_query_len <= 1 or 0 < sliding_window < self._attn_k.CHUNK_SPLIT_MIN_CONTEXT:
+            return {}
+        if batch.attn_splits_t is not None:
+            return {"num_splits": batch.max_attn_splits, "num_splits_t": batch.attn_splits_t}
+        if not batch.attn_splits:
+            starts = batch.query_start_loc
+            batch.attn_splits = self._attn_k.chunk_num_splits(
+                [starts[i + 1] - starts[i] for i in range(len(batch.seq_lens))],
+                batch.seq_lens,
+                q.shape[1],
+                n_kv_heads,
+                q.shape[2],
+                self._num_sms(q.device),
+                self._attn_k.chunk_split_limit(q.shape[0]),
+            )
+        return {"num_splits": batch.attn_splits}
 
 
 def ops_for(device: torch.device | str, kind: str = "auto") -> TorchOps:

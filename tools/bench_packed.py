@@ -55,7 +55,9 @@ def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[d
             ),
         ]
     if m <= 64:
-        out = [base, {**base, "BLOCK_N": 32}, {**base, "BLOCK_N": 32, "WIDE": 1}]
+        bm, stages = min(64, max(16, m)), 2 if m <= 16 else 3
+        plain = {"BLOCK_M": bm, "num_warps": 4, "num_stages": stages}
+        out = [base, {**plain, "BLOCK_N": 64}, {**plain, "BLOCK_N": 32, "WIDE": 1}]
         if qtype in F16_TYPES:  # fp16-formed weights (packed_gemm16)
             tile = {"BLOCK_M": min(64, max(16, m)), "num_stages": 3, "F16": 1}
             shapes = ((64, 4), (128, 4), (128, 8))

@@ -178,7 +178,7 @@ def packed_matmul(
     if m == 0 or n == 0:
         return out
     n_chunks = k // CHUNK[pw.qtype]
-    cfg = config or default_config(m, n, k, x.device, pw.qtype)
+    cfg = config or default_config(m, n, k, x.device, pw.qtype, dtype=x.dtype)
     interp = interpreted(_gemv_kernel)
     if m == 1:
         tiles = triton.cdiv(n, cfg["BLOCK_N"])
@@ -237,22 +237,38 @@ ACTS = {0: None, 1: silu_mul, 2: gelu_mul}
 
 
 def default_config(
-    m: int, n: int, k: int, device: torch.device, qtype: int = 0, block_n: int = 16
+    m: int,
+    n: int,
+    k: int,
+    device: torch.device,
+    qtype: int = 0,
+    block_n: int = 16,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> dict[str, int]:
     """Fixed tiles by M, used when no tuned entry exists for the device. For M = 1 the chunk loop
     is split until there are about four programs per SM (the H200's measured winners: 16-row
     tiles, 4 warps, 512 programs for 4096 x 4096 and 1024 x 4096), partials summed in-kernel.
-    Decode batches and prefill follow the H200 sweep of 2026-11-30 (BENCHMARKS.md): WIDE with
+    Decode batches and prefill follow the H200 sweeps of 2026-11-30 (BENCHMARKS.md): WIDE with
     32-row tiles for 17-64 rows (and for Q6_K from 2), the dense copy and torch's matmul above
-    64 rows on CUDA (1.0-2.3x faster than the fused tiles at 512 rows, every 8B shape but one)."""
+    64 rows on CUDA (1.0-2.3x faster than the fused tiles at 512 rows, every 8B shape but one).
+    Sweep (k) replaced WIDE by the fp16-formed weights (F16) where they won: Q6_K at 16 rows
+    (all four 8B shapes, 1.06-1.18x) and 64 rows (three of four, up to 1.25x), Q4_K at 64 rows
+    (all four, 1.02-1.18x); Q6_K's 2-15 rows, not swept, take the 16-row choice. F16 only for
+    16-bit activations (float32 ones would be rounded to fp16)."""
+    half = dtype in (torch.float16, torch.bfloat16)
+    q4_k = GGMLQuantizationType.Q4_K if half else -1
+    q6_k = GGMLQuantizationType.Q6_K if half else -1
     if m == 1:
         split = auto_split(triton.cdiv(n, block_n), device, per_sm=4, most=8)
         return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
     if m <= 16:
-        if qtype == GGMLQuantizationType.Q6_K:
-            return {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "WIDE": 1}
+        if qtype == q6_k:
+            return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "F16": 1}
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:
+        if qtype in (q4_k, q6_k):
+            warps = 8 if qtype == q4_k else 4
+            return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": warps, "num_stages": 3, "F16": 1}
         # 32-row tiles: with 64 WIDE needs 255 registers for Q4_K (kernel_sass)
         return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 3, "WIDE": 1}
     if device.type == "cuda":

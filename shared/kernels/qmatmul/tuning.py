@@ -168,7 +168,9 @@ class Tuner:
         cfg = self._resolved.get(memo)
         if cfg is None:
             found = self.table.get(self._key(pw, memo[2], dtype))
-            cfg = found or default_config(m, pw.shape[0], pw.shape[1], self.device, pw.qtype)
+            cfg = found or default_config(
+                m, pw.shape[0], pw.shape[1], self.device, pw.qtype, dtype=dtype
+            )
             self._resolved[memo] = cfg
         return cfg
 

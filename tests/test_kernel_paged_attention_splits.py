@@ -89,22 +89,27 @@ def test_device_split_count_needs_a_launch_size() -> None:
 
 
 def test_chunk_num_splits() -> None:
-    """Llama-3-8B shapes (32 / 8 heads, head_dim 128: 32-token query tiles), 132 SMs."""
+    """Llama-3-8B shapes (32 / 8 heads, head_dim 128: chunks of up to 512 tokens in 16-token
+    query tiles, two programs an SM), 132 SMs: 264 program slots."""
 
     def splits(chunk: int, prefix: int, decodes: int = 7, limit: int = 8) -> int:
         q_lens = [chunk] + [1] * decodes
         seq_lens = [prefix + chunk] + [2000] * decodes
         return pa.chunk_num_splits(q_lens, seq_lens, 32, 8, 128, 132, limit)
 
-    # W3: 384 tokens -> 96 long programs for 132 SMs; 4 slices -> 384, about 3 per SM
-    assert splits(384, 16384) == 4
-    assert splits(256, 16384) == 2  # 64 programs: 2 slices fill one wave
-    assert splits(512, 16384) == 1  # 128 programs fill the GPU already
-    assert splits(2048, 16384) == 1
-    assert splits(384, 16384, limit=2) == 1  # 2 slices make 2 waves of half the work: no gain
-    assert splits(384, 4095) == 1  # a short prefix: not worth a workspace round trip
-    assert splits(384, 4096) == 4
-    assert splits(384, 1500) == 1
+    assert splits(256, 16384) == 2  # 128 programs: 2 slices fill the slots (H200: 20 % faster)
+    assert splits(128, 16384) == 4
+    assert splits(128, 16384, limit=3) == 3
+    assert splits(384, 16384) == 1  # 192 programs: more than half the slots already
+    assert splits(512, 16384) == 1
+    assert splits(2048, 16384) == 1  # 128-row tiles: 512 programs
+    assert splits(256, 4095) == 1  # a short prefix: not worth a workspace round trip
+    assert splits(256, 4096) == 2
+    assert splits(256, 1500) == 1
+    assert splits(128, 4096) == 4  # at most one slice per 1024 keys of the longest: 4 of 4224
+    # the longest prefix bounds the slices (a shorter one just gets shorter or empty slices)
+    assert pa.chunk_num_splits([16, 16], [12304, 4112], 32, 8, 128, 132, 8) == 8
+    assert pa.chunk_num_splits([16, 1], [4112, 5000], 32, 8, 128, 132, 8) == 4  # 16 programs
     assert pa.chunk_num_splits([1] * 8, [40000] * 8, 32, 8, 128, 132, 8) == 1  # decode batch
     assert pa.chunk_num_splits([], [], 32, 8, 128, 132, 8) == 1
     assert [pa.chunk_split_limit(n) for n in (64, 512, 640, 1024, 2048, 8192)] == [8, 8, 6, 4, 2, 2]

@@ -108,8 +108,8 @@ def chunk_steps(args: argparse.Namespace) -> None:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     default_tiles = pa._pick_tiles
-    variants = {"default": None, "m64x64 w4 s2": (64, 64, 4, 2), "m128x64 w8 s3": (128, 64, 8, 3),
-                "m128x32 w4 s2": (128, 32, 4, 2), "m64x128 w4 s2": (64, 128, 4, 2)}  # fmt: skip
+    variants = {"default": None, "m128x64 w8 s2": (128, 64, 8, 2), "m64x64 w4 s3": (64, 64, 4, 3),
+                "m64x32 w4 s2": (64, 32, 4, 2), "m64x128 w8 s2": (64, 128, 8, 2)}  # fmt: skip
     print("chunk + 7 decodes at 2k keys, graph-replayed: us per call (TFLOP/s) by split count")
     for name, tiles in variants.items():
 

@@ -45,7 +45,6 @@ _MAX_SPLITS = 16
 # for 132 SMs, each walking the whole prefix). Such steps split too, when the prefix is long.
 CHUNK_SPLIT_MIN_CONTEXT = 4096  # cached keys before a chunk is worth splitting
 _CHUNK_SPLIT_MIN_KEYS = 1024  # keys a slice at least
-_CHUNK_SPLIT_GAIN = 0.9  # a split count must cut the estimated time by 10 % to be chosen
 _CHUNK_SPLIT_ROWS = 4096  # slices x tokens at most: the float32 workspace of one layer's step
 
 __all__ = [
@@ -64,14 +63,20 @@ class _Tiles:
     tile_n: int  # keys per inner iteration
     num_warps: int
     num_stages: int
+    per_sm: int = 1  # programs an SM holds at once (registers, shared memory): split-K's slots
 
 
 def _pick_tiles(max_query_len: int, group: int, head_dim: int) -> _Tiles:
     tile_n = 64 if head_dim <= 128 else 32
+    rows = triton.next_power_of_2(group)
     if max_query_len <= 1:  # decode: one token per sequence, its GQA group fills the rows
-        return _Tiles(max(16, triton.next_power_of_2(group)), tile_n, 4, 3)
+        return _Tiles(max(16, rows), tile_n, 4, 3)
+    if head_dim <= 128 and max_query_len <= 512:
+        # H200, chunks of 256-512 tokens over 4k-28k prefixes (BENCHMARKS.md 2026-11-30 (l)):
+        # 64-row tiles of 4 warps, two a SM, beat 128-row tiles of 8 warps by 12-40 %
+        return _Tiles(max(64, rows), tile_n, 4, 2, per_sm=2)
     block_m = 128 if head_dim <= 128 else 64
-    return _Tiles(max(block_m, triton.next_power_of_2(group)), tile_n, 8, 2)
+    return _Tiles(max(block_m, rows), tile_n, 8, 2)
 
 
 def default_num_splits(num_seqs: int, n_kv_heads: int, max_kv_len: int, num_sms: int) -> int:
@@ -106,15 +111,18 @@ def chunk_num_splits(
     """Split-K factor for a step with prompt chunks, from its host-side lengths.
 
     Only sequences with at least CHUNK_SPLIT_MIN_CONTEXT cached keys before their queries count:
-    their programs (query tiles x KV heads) walk long prefixes, the rest are short. With P such
-    programs and s slices each, an SM runs cdiv(P * s, num_sms) slices of 1 / s of the work;
-    the count with the least estimated time wins if it beats one slice by 10 %, keeping at
-    least _CHUNK_SPLIT_MIN_KEYS keys a slice.
+    their programs (query tiles x KV heads) walk long prefixes, the rest are short. When these
+    P programs fill less than half the GPU's program slots (SMs x programs an SM holds), each
+    is cut into as many slices as still fit in one round of slots, keeping at least
+    _CHUNK_SPLIT_MIN_KEYS keys a slice of the longest. More slices than one round lost on the
+    H200 (BENCHMARKS.md 2026-11-30 (l): a 384-token chunk, 192 programs for 264 slots, ran
+    10-25 % slower with 2 or 4 slices; a 256-token one, 128 programs, 20 % faster with 2).
     """
     if max_splits <= 1 or not query_lens or max(query_lens) <= 1:
         return 1
     group = n_heads // n_kv_heads
-    block_q = _pick_tiles(max(query_lens), group, head_dim).block_m // group
+    tiles = _pick_tiles(max(query_lens), group, head_dim)
+    block_q = tiles.block_m // group
     long = [
         (n_q, n)
         for n_q, n in zip(query_lens, seq_lens, strict=True)
@@ -123,16 +131,9 @@ def chunk_num_splits(
     if not long:
         return 1
     programs = n_kv_heads * sum(-(-n_q // block_q) for n_q, _ in long)
-    by_length = min(n for _, n in long) // _CHUNK_SPLIT_MIN_KEYS
-
-    def cost(s: int) -> float:
-        return -(-programs * s // num_sms) / s
-
-    best = 1
-    for s in range(2, min(max_splits, by_length) + 1):
-        if cost(s) < cost(best) and cost(s) <= _CHUNK_SPLIT_GAIN * cost(1):
-            best = s
-    return best
+    by_length = max(n for _, n in long) // _CHUNK_SPLIT_MIN_KEYS
+    splits = min(tiles.per_sm * num_sms // programs, max_splits, by_length)
+    return splits if splits >= 2 else 1
 
 
 def chunk_split_limit(n_tokens: int) -> int:

@@ -103,13 +103,13 @@ def test_chunk_num_splits() -> None:
     assert splits(384, 16384) == 1  # 192 programs: more than half the slots already
     assert splits(512, 16384) == 1
     assert splits(2048, 16384) == 1  # 128-row tiles: 512 programs
-    assert splits(256, 4095) == 1  # a short prefix: not worth a workspace round trip
-    assert splits(256, 4096) == 2
+    assert splits(256, 8191) == 1  # a short prefix: not worth a workspace round trip
+    assert splits(256, 8192) == 2
     assert splits(256, 1500) == 1
-    assert splits(128, 4096) == 4  # at most one slice per 1024 keys of the longest: 4 of 4224
+    assert splits(16, 8192, limit=16) == 8  # one slice per 1024 keys of the longest: 8 of 8208
     # the longest prefix bounds the slices (a shorter one just gets shorter or empty slices)
-    assert pa.chunk_num_splits([16, 16], [12304, 4112], 32, 8, 128, 132, 8) == 8
-    assert pa.chunk_num_splits([16, 1], [4112, 5000], 32, 8, 128, 132, 8) == 4  # 16 programs
+    assert pa.chunk_num_splits([16, 16], [12304, 8208], 32, 8, 128, 132, 16) == 12
+    assert pa.chunk_num_splits([16, 1], [8208, 9000], 32, 8, 128, 132, 16) == 8  # 16 programs
     assert pa.chunk_num_splits([1] * 8, [40000] * 8, 32, 8, 128, 132, 8) == 1  # decode batch
     assert pa.chunk_num_splits([], [], 32, 8, 128, 132, 8) == 1
     assert [pa.chunk_split_limit(n) for n in (64, 512, 640, 1024, 2048, 8192)] == [8, 8, 6, 4, 2, 2]

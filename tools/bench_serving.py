@@ -138,6 +138,8 @@ async def w3(url: str, vocab: int, long_len: int = 32000, streams: int = 7) -> d
         "gap_before_max_ms": ms(max(before, default=float("nan"))),
         "gap_during_median_ms": ms(percentile(during, 50)),
         "gap_during_max_ms": ms(max(during, default=float("nan"))),
+        "gap_during_p99_ms": ms(percentile(during, 99)),
+        "gaps_during_over_50ms": sum(g > 0.05 for g in during),
         "long_prompt_ttft_s": round(first - t_long, 3),
         "gaps_during": len(during),
         "errors": errors[:3],

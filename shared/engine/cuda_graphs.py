@@ -79,6 +79,7 @@ class StepGraphs:
         self.pool = None
         self.logits: torch.Tensor | None = None  # every graph's logits (capture)
         self.replays = {"decode": 0, "mixed": 0}  # steps replayed, by kind
+        self.last_key: tuple[str, int] = ("", 0)  # the graph replayed last
 
     def _rows(self, kind: str, b: int) -> int:
         """Logits rows of a graph: one a sequence (decode), at most max_seqs (mixed)."""
@@ -186,4 +187,5 @@ class StepGraphs:
             self.attn_splits.fill_(self._chunk_splits(batch, b))
         self.graphs[key].replay()
         self.replays[kind] += 1
+        self.last_key = key
         return self.outputs[key][:rows]

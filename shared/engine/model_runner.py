@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from shared.engine.cuda_graphs import StepGraphs
@@ -26,6 +28,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.sampler = Sampler()
         self.graphs = graphs  # steps replay CUDA graphs when given and one fits
+        self._runs: deque[str] = deque(maxlen=2)  # the last two steps, for stall logs
 
     def run(
         self, work: list[tuple[Sequence, int]], prev: SampleOutput | None = None
@@ -63,8 +66,14 @@ class ModelRunner:
             rows, src = to_device(rows, self.device), to_device(src, self.device)
             batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
         logits = self.graphs.run(batch) if self.graphs is not None else None
+        how = "eager"
+        if logits is not None:
+            kind, bucket = self.graphs.last_key
+            how = f"{kind} graph of {bucket}"
         if logits is None:  # no graph fits this step
             logits = self.model(batch, self.kv)
+        n_tokens = batch.token_ids.shape[0]
+        self._runs.append(f"{n_tokens} tokens of {len(work)} sequences, {how}")
         if not sampled:
             return sampled, None
         out = self.sampler.sample(
@@ -75,3 +84,8 @@ class ModelRunner:
             [s.generator for s in sampled],
         )
         return sampled, out
+
+    @property
+    def last_runs(self) -> str:
+        """The last two steps launched: their tokens, sequences and how they ran."""
+        return " | ".join(self._runs)

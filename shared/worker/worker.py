@@ -12,6 +12,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 import uuid
 
@@ -33,6 +34,7 @@ from shared.protocol import (
 from shared.sampling import SamplingParams, make_generator
 from shared.worker.config import WorkerConfig
 from shared.worker.control import ControlChannel
+from shared.worker.stalls import StallLog
 
 IDLE_WAIT_S = 0.05
 
@@ -68,6 +70,7 @@ class WorkerLoop:
         self._ids = itertools.count()
         self._seq_of: dict[str, int] = {}
         self._request_of: dict[int, str] = {}
+        self.stalls = StallLog(lambda msg: log(worker_id, msg))
 
     def heartbeat(self) -> Heartbeat:
         alloc = self.engine.blocks
@@ -90,7 +93,9 @@ class WorkerLoop:
             msg = self.control.inbox.get(timeout=wait) if wait else self.control.inbox.get_nowait()
         except queue.Empty:
             return
+        start, n = time.perf_counter(), 0
         while True:
+            n += 1
             if isinstance(msg, Generate):
                 self._admit(msg)
             elif isinstance(msg, Abort):
@@ -98,6 +103,7 @@ class WorkerLoop:
             try:
                 msg = self.control.inbox.get_nowait()
             except queue.Empty:
+                self.stalls.admit(time.perf_counter() - start, n)
                 return
 
     def _admit(self, req: Generate) -> None:
@@ -130,15 +136,21 @@ class WorkerLoop:
             self.engine.abort(seq_id)
 
     def _step(self) -> None:
+        start = time.perf_counter()
         try:
             events = self.engine.step()
         except Exception as exc:  # a failed step fails its requests, never the worker
             traceback.print_exc()
             self._fail_all(f"the worker's engine step failed: {exc}")
             return
+        self.stalls.step(time.perf_counter() - start, self._step_summary)
         if events:
             out = [self._token_out(ev) for ev in events if ev.seq_id in self._request_of]
             self.tokens.send(self._enc.encode(StepTokens(self.worker_id, out)))
+
+    def _step_summary(self) -> str:
+        e = self.engine
+        return f"{e.runner.last_runs}; {len(e.running)} running, {len(e.waiting)} waiting"
 
     def _token_out(self, ev: TokenEvent) -> TokenOut:
         rid = self._request_of[ev.seq_id]
@@ -210,6 +222,7 @@ def run_worker(cfg: WorkerConfig) -> int:
     try:
         loop.run()
     finally:
+        loop.stalls.close()
         control.stop()
         tokens.close(linger=0)
         ctx.term()

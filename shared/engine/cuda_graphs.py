@@ -130,6 +130,12 @@ class StepGraphs:
                 del out  # its memory returns to the pool for the next capture
             self.pool = graph.pool()
             self.graphs[key] = graph
+        # A graph's first replay uploads it to the device: 130-230 ms for a mixed step on the
+        # H200 (BENCHMARKS.md 2026-11-30 (n)), a stall the streams would see when a bucket is
+        # first used while serving. The inputs still hold the capture's padding (no query, no
+        # KV write), so these replays change nothing.
+        for graph in self.graphs.values():
+            graph.replay()
         torch.cuda.synchronize(self.device)
 
     def _key(self, batch: ForwardBatch) -> tuple[str, int] | None:

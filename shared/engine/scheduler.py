@@ -5,6 +5,11 @@ prefill) of running and newly admitted requests fill the rest. A newly admitted 
 takes whatever full blocks of it the prefix cache holds and skips their computation. When a
 running sequence cannot grow, the newest running sequence is preempted (its blocks are freed
 but stay cached, so recomputing it mostly hits the prefix cache) rather than failing anyone.
+
+A chunk over a long cached prefix costs more per token (its attention reads the whole prefix),
+so while others decode, a step carrying one is kept to ``long_prefix_step`` tokens: on the H200
+a 512-token step over a 16k prefix took 40-48 ms, a 256-token one about 19 ms, and W3's
+decoding streams wait that long for each token (BENCHMARKS.md 2026-11-30 (n)).
 """
 
 from __future__ import annotations
@@ -17,15 +22,28 @@ from shared.kv.block_manager import ROOT_HASH, BlockManager
 Work = list[tuple[Sequence, int]]  # (sequence, tokens to compute in this step)
 
 
+LONG_PREFIX = 8192  # cached tokens before a chunk counts as long
+LONG_PREFIX_STEP = 256  # tokens of a step that carries decodes and a long-prefix chunk
+LONG_PREFIX_MIN_CHUNK = 32  # such a chunk's least tokens, however many decodes there are
+
+
 class Scheduler:
     def __init__(
-        self, blocks: BlockManager, max_model_len: int, max_batch_tokens: int, max_seqs: int
+        self,
+        blocks: BlockManager,
+        max_model_len: int,
+        max_batch_tokens: int,
+        max_seqs: int,
+        long_prefix_step: int = LONG_PREFIX_STEP,
     ) -> None:
+        """long_prefix_step: tokens of a step with decodes and a chunk over LONG_PREFIX cached
+        tokens (0: no such limit)."""
         self.blocks = blocks
         self.block_size = blocks.block_size
         self.max_model_len = max_model_len
         self.max_batch_tokens = max_batch_tokens
         self.max_seqs = max_seqs
+        self.long_prefix_step = long_prefix_step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -70,6 +88,8 @@ class Scheduler:
                 prefill_cap = None
             decodes += seq.num_pending == 1
             n = min(seq.num_pending, budget)
+            if seq.num_pending > 1 and decodes:
+                n = self._long_prefix_cap(seq, n, budget)
             if n == 0:
                 continue
             while not self._reserve(seq, seq.num_computed + n):
@@ -91,6 +111,8 @@ class Scheduler:
             if not seq.block_table:
                 self._match_prefix(seq)
             n = min(seq.num_pending, budget)
+            if decodes:
+                n = self._long_prefix_cap(seq, n, budget)
             if not self._reserve(seq, seq.num_computed + n):
                 # a waiting sequence holds nothing: its prefix hits go back to the cache
                 self.release(seq)
@@ -102,6 +124,15 @@ class Scheduler:
             work.append((seq, n))
             budget -= n
         return work
+
+    def _long_prefix_cap(self, seq: Sequence, n: int, budget: int) -> int:
+        """A prompt chunk's tokens in a step that carries decodes: over a long cached prefix,
+        the step stays within long_prefix_step tokens (the chunk gets at least
+        LONG_PREFIX_MIN_CHUNK)."""
+        if not self.long_prefix_step or seq.num_computed < LONG_PREFIX:
+            return n
+        used = self.max_batch_tokens - budget
+        return min(n, max(self.long_prefix_step - used, LONG_PREFIX_MIN_CHUNK))
 
     def after_step(self, work: Work) -> None:
         """Advance what was computed and name the blocks that became full."""

@@ -2,7 +2,11 @@
 with the GPU taken out: a stand-in worker answers every running request with one token per
 fixed-length step, as a real worker does, and W2 runs against the real gateway.
 
-    python -m tools.bench_gateway MODEL.gguf [--step-ms 14] [--concurrency 16 64 256]
+    python -m tools.bench_gateway MODEL.gguf [--step-ms 14] [--concurrency 16 64 256] [--w3]
+
+--w3 runs W3 instead: 7 streams, then a 32,000-token prompt (the stand-in answers it at its next
+step), so W3's gaps during it show what the serving path adds to a step while it takes in a
+long prompt (the model needs over 6,000 tokens in its vocabulary: the stand-in's ids).
 
 The gateway runs as its own process (as `skiff serve` starts it) on the model's tokenizer; the
 stand-in worker is a second process speaking the wire protocol (shared/protocol.py). If the
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", type=Path, help="a GGUF file (its tokenizer and name)")
     p.add_argument("--step-ms", type=float, default=14.0, help="the stand-in's step time")
     p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--w3", action="store_true", help="W3 instead of W2 (see above)")
     a = p.parse_args(argv)
     port = _free_port()
     worker_bind = f"tcp://127.0.0.1:{_free_port()}"
@@ -123,6 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _wait_ready(url, 60)
         vocab = "32000"  # prompt ids well inside any tokenizer's vocabulary
+        if a.w3:
+            done = subprocess.run(
+                [sys.executable, "-m", "tools.bench_serving", url, "w3", "--vocab", "6000",
+                 "--label", f"stand-in worker, {a.step_ms} ms steps"],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            print(json.dumps({**result, "cpu_count": os.cpu_count()}), flush=True)
+            return 0
         for c in a.concurrency:
             done = subprocess.run(
                 [sys.executable, "-m", "tools.bench_serving", url, "w2", "--concurrency", str(c),

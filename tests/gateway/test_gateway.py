@@ -123,10 +123,13 @@ def test_completion_length_and_token_prompt(served, model: ServedModel, reply_id
     assert gen.sampling.seed == 7 and gen.max_tokens == 3
 
 
-def test_echo_and_worker_rejection(served) -> None:
+def test_echo_and_worker_rejection(served, model: ServedModel) -> None:
     server, _ = served
     out = server.client().completions.create(model=NAME, prompt="Echo: ", echo=True)
     assert out.choices[0].text == "Echo: " + REPLY
+    ids = model.tokenizer.encode("Echo these ids: ", add_special=False)
+    out = server.client().completions.create(model=NAME, prompt=ids, echo=True)
+    assert out.choices[0].text == model.tokenizer.decode(ids) + REPLY  # ids are decoded to echo
     for stream in (False, True):
         body = {"prompt": "a", "max_tokens": REJECTED_MAX_TOKENS, "stream": stream}
         err = assert_error(*http(server.url + COMP, body), 413)

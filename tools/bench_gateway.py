@@ -6,7 +6,8 @@ fixed-length step, as a real worker does, and W2 runs against the real gateway.
 
 --w3 runs W3 instead: 7 streams, then a 32,000-token prompt (the stand-in answers it at its next
 step), so W3's gaps during it show what the serving path adds to a step while it takes in a
-long prompt (the model needs over 6,000 tokens in its vocabulary: the stand-in's ids).
+long prompt (the model needs over 6,000 tokens in its vocabulary: the stand-in's ids);
+--long-text sends that prompt as text, which the gateway tokenizes.
 
 The gateway runs as its own process (as `skiff serve` starts it) on the model's tokenizer; the
 stand-in worker is a second process speaking the wire protocol (shared/protocol.py). If the
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=14.0, help="the stand-in's step time")
     p.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--w3", action="store_true", help="W3 instead of W2 (see above)")
+    p.add_argument("--long-text", action="store_true", help="W3's long prompt as text")
     a = p.parse_args(argv)
     port = _free_port()
     worker_bind = f"tcp://127.0.0.1:{_free_port()}"
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.w3:
             done = subprocess.run(
                 [sys.executable, "-m", "tools.bench_serving", url, "w3", "--vocab", "6000",
-                 "--label", f"stand-in worker, {a.step_ms} ms steps"],
+                 "--label", f"stand-in worker, {a.step_ms} ms steps",
+                 *(["--long-text"] if a.long_text else [])],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             result = json.loads(done.stdout.strip().splitlines()[-1])

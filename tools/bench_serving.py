@@ -33,7 +33,13 @@ def random_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(low, vocab - low) for _ in range(n)]
 
 
-def completion_body(prompt: list[int], max_tokens: int) -> bytes:
+def random_text(rng: random.Random, n_words: int) -> str:
+    """Text of about n_words tokens (common words), for prompts a server has to tokenize."""
+    words = ("the", "cache", "holds", "keys", "and", "values", "of", "every", "token", "seen")
+    return " ".join(rng.choice(words) for _ in range(n_words))
+
+
+def completion_body(prompt: list[int] | str, max_tokens: int) -> bytes:
     """A streamed greedy completion request, JSON-encoded ahead of sending: encoding W3's
     32,000-token prompt in the client's event loop would hold up the streams it times."""
     body = {
@@ -115,7 +121,9 @@ async def w2(url: str, c: int, vocab: int, prompt_len: int = 512, gen: int = 256
     }
 
 
-async def w3(url: str, vocab: int, long_len: int = 32000, streams: int = 7) -> dict:
+async def w3(
+    url: str, vocab: int, long_len: int = 32000, streams: int = 7, long_text: bool = False
+) -> dict:
     rng = random.Random(3)
     stamps: list[list[float]] = [[] for _ in range(streams)]
     long_stamps: list[float] = []
@@ -126,7 +134,10 @@ async def w3(url: str, vocab: int, long_len: int = 32000, streams: int = 7) -> d
             )
             for st in stamps
         ]
-        long_body = completion_body(random_prompt(rng, long_len, vocab), 16)  # before timing
+        long_prompt = (
+            random_text(rng, long_len) if long_text else random_prompt(rng, long_len, vocab)
+        )
+        long_body = completion_body(long_prompt, 16)  # encoded before timing starts
         await asyncio.sleep(3.0)
         t_long = time.perf_counter()
         long_task = asyncio.create_task(stream(s, url, long_body, long_stamps))
@@ -166,6 +177,7 @@ async def main() -> None:
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--label", default="")
     p.add_argument("--long-len", type=int, default=32000)
+    p.add_argument("--long-text", action="store_true", help="W3's long prompt as text, not ids")
     a = p.parse_args()
     runs = []
     if a.workload == "w2":
@@ -174,7 +186,7 @@ async def main() -> None:
             runs.append(await w2(a.url, c, a.vocab))
             print(json.dumps({"label": a.label, **runs[-1]}), flush=True)
     else:
-        runs.append(await w3(a.url, a.vocab, a.long_len))
+        runs.append(await w3(a.url, a.vocab, a.long_len, long_text=a.long_text))
         print(json.dumps({"label": a.label, **runs[-1]}), flush=True)
 
 

@@ -136,6 +136,15 @@ def test_echo_and_worker_rejection(served, model: ServedModel) -> None:
         assert err["message"] == "prompt too long for my KV pool"
 
 
+def test_long_text_prompt_reaches_the_worker_as_its_ids(served, model: ServedModel) -> None:
+    server, worker = served
+    text = "Pages of cached keys. " * 400
+    server.client().completions.create(model=NAME, prompt=text, max_tokens=2)
+    want = model.tokenizer.encode(text, add_special=True, special=True)
+    assert len(want) < MAX_MODEL_LEN
+    assert list(worker.generate_for(lambda g: len(g.prompt_ids) == len(want)).prompt_ids) == want
+
+
 def test_completion_logprobs(served, reply_ids: list[int]) -> None:
     server, worker = served
     out = server.client().completions.create(model=NAME, prompt="Logprobs", logprobs=2)

@@ -74,6 +74,15 @@ def test_ids_match_llama_cpp(pair, index, special):
     assert _mismatches(tok, llm, [CORPUS[index]], special) == []
 
 
+def test_long_text_matches_llama_cpp(pair):
+    """A text past bpe._BATCH_CHARS (byte-level BPE encodes it in the batch call, which
+    releases the GIL) gives llama.cpp's ids."""
+    _, tok, llm = pair
+    long = "\n".join(CORPUS) * 8
+    assert len(long) > 4 * 4096
+    assert _mismatches(tok, llm, [long], True) == []
+
+
 def test_special_flag_changes_result(pair):
     name, tok, _ = pair
     text = "<|im_start|>user" if name == "smollm2" else "<start_of_turn>user"

@@ -16,6 +16,8 @@ from tokenizers import models
 
 from shared.tokenizer.pretokenize import PreType, build_pre_tokenizer
 
+_BATCH_CHARS = 4096  # one text longer than this goes through encode_batch (encode_many)
+
 
 def _parse_merges(lines: list[str], token_to_id: dict[str, int]) -> list[tuple[str, str]]:
     merges: list[tuple[str, str]] = []
@@ -48,6 +50,9 @@ class BpeModel:
         return self._hf.encode(text, add_special_tokens=False).ids
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
-        if len(texts) == 1:  # the batch call's thread pool is not worth it for one text
+        # The batch call's thread pool is not worth it for one short text; for a long one it
+        # is: it releases the GIL (`encode` holds it: 70 ms for 32k tokens), so a long prompt
+        # tokenized on a thread leaves the gateway's event loop running.
+        if len(texts) == 1 and len(texts[0]) <= _BATCH_CHARS:
             return [self.encode(texts[0])]
         return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]

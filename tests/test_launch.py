@@ -3,6 +3,7 @@ real gateway and worker on SmolLM2). Supervision: tests/test_launch_supervise.py
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -142,6 +143,14 @@ def test_worker_options_are_passed_on() -> None:
     from shared.worker.config import parse_worker_args
 
     assert parse_worker_args(["--model", "/m.gguf", "--overlap"], "decode").overlap
+    assert parse_worker_args(["--model", "/m.gguf"], "decode").overlap  # the default
+    assert not parse_worker_args(["--model", "/m.gguf", "--no-overlap"], "decode").overlap
+    assert parse_worker_args(["--model", "/m.gguf"], "decode").max_batch_tokens == 512
+    off = dataclasses.replace(config, overlap=False)
+    assert (
+        "--no-overlap"
+        in launch.plan_processes(off, ["cpu"], launch.local_endpoints()).workers["worker cpu"]
+    )
     assert parse_worker_args(["--model", "/m.gguf"], "decode").dense_copies == "auto"
     assert parse_worker_args(["--model", "/m", "--dense-copies", "off"], "d").dense_copies == "off"
 

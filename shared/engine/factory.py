@@ -30,7 +30,7 @@ class EngineConfig:
     kv_blocks: int = 0  # 0 = sized from kv_cpu_bytes (CPU) or kv_gpu_fraction of free memory
     kv_cpu_bytes: int = 512 << 20
     kv_gpu_fraction: float = 0.5
-    max_batch_tokens: int = 2048
+    max_batch_tokens: int = 512  # as the worker's default (shared/worker/config.py)
     cache_dequantized: bool | None = None  # None = yes on CPU
     prefix_caching: bool = True
     max_seqs: int = 256

@@ -33,7 +33,7 @@ class ServeConfig:
     max_model_len: int | None = None
     kv_blocks: int | None = None
     max_batch_tokens: int | None = None
-    overlap: bool = False  # workers prepare step N+1 while the device runs step N
+    overlap: bool = True  # workers prepare step N+1 while the device runs step N
     step_target_ms: float | None = None  # workers cap prompt chunks beside decodes
     dense_copies: str | None = None  # None: the workers' default (auto)
     cuda_graphs: str | None = None  # None: the workers' default (all)
@@ -81,8 +81,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per step")
     p.add_argument(
         "--overlap",
-        action="store_true",
-        help="workers schedule and launch step N+1 before step N's tokens reach the host",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="workers schedule and launch step N+1 before step N's tokens reach the host "
+        "(default on; --no-overlap: one step at a time)",
     )
     p.add_argument(
         "--step-target-ms",
@@ -214,8 +216,7 @@ def plan_processes(
         "--cuda-graphs": config.cuda_graphs,
     }
     extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
-    if config.overlap:
-        extra.append("--overlap")
+    extra.append("--overlap" if config.overlap else "--no-overlap")
     workers = {
         f"worker {d}": [
             python,

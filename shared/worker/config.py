@@ -22,8 +22,8 @@ class WorkerConfig:
     block_size: int = 16
     kv_blocks: int = 0  # 0: sized from the device (see shared.engine.factory)
     max_model_len: int = 0  # 0: the model's context, capped
-    max_batch_tokens: int = 2048
-    overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
+    max_batch_tokens: int = 512  # the H200's W2/W3 runs (BENCHMARKS.md 2026-11-30 (m)-(o))
+    overlap: bool = True  # prepare step N+1 on the CPU while the device runs step N
     step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
     dense_copies: str = "auto"  # dense copies of packed weights for big batches (auto/on/off)
     cuda_graphs: str = "all"  # steps replayed from CUDA graphs: all, decode or off
@@ -68,11 +68,13 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks (0: size from memory)")
     p.add_argument("--max-model-len", type=int, default=0, help="context limit (0: the model's)")
-    p.add_argument("--max-batch-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument("--max-batch-tokens", type=int, default=512, help="token budget per step")
     p.add_argument(
         "--overlap",
-        action="store_true",
-        help="schedule and launch step N+1 before step N's tokens reach the host",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="schedule and launch step N+1 before step N's tokens reach the host (default on; "
+        "--no-overlap: one step at a time)",
     )
     p.add_argument(
         "--step-target-ms",

@@ -10,6 +10,7 @@ import torch
 from shared.engine.cuda_graphs import GRAPH_MODES, StepGraphs
 from shared.engine.engine import LLMEngine
 from shared.engine.model_runner import ModelRunner
+from shared.engine.warm_up import warm_up
 from shared.kv import BlockManager, KVPool
 from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
@@ -118,4 +119,6 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         overlap=cfg.overlap,
         step_target_ms=cfg.step_target_ms,
     )
+    if on_cuda:
+        warm_up(engine, cfg.device)
     return LoadedEngine(engine, load_tokenizer(f.metadata), f)

@@ -68,6 +68,7 @@ def make_engine(
     block_size: int = 4,
     max_model_len: int = 128,
     max_batch_tokens: int = 64,
+    overlap: bool = False,
 ) -> LLMEngine:
     cfg = model.cfg
     kv = KVPool(
@@ -79,6 +80,7 @@ def make_engine(
         BlockManager(num_blocks, block_size),
         max_model_len,
         max_batch_tokens=max_batch_tokens,
+        overlap=overlap,
     )
 
 

@@ -154,15 +154,9 @@ def test_cuda_graph_mixed_steps_split_k_match_eager(
     prefixes of 16 keys count as long): graphs read the slice count on the device."""
     import shared.engine.cuda_graphs as cg
     import shared.kernels.paged_attention as pa
+    from tests.spies import record_results
 
-    chosen: list[int] = []
-
-    def spy(*args: object) -> int:
-        chosen.append(rule(*args))
-        return chosen[-1]
-
-    rule = pa.chunk_num_splits
-    monkeypatch.setattr(cg, "chunk_num_splits", spy)
+    chosen = record_results(monkeypatch, cg, "chunk_num_splits")
     monkeypatch.setattr(pa, "CHUNK_SPLIT_MIN_CONTEXT", 16)
     monkeypatch.setattr(pa, "_CHUNK_SPLIT_MIN_KEYS", 16)
     graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=96)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.spies import record_results
 from tests.test_kernel_paged_attention import (
     DEVICE,
     F32,
@@ -33,14 +34,7 @@ def test_split_k_matches_single_pass() -> None:
 
 
 def test_auto_split_for_long_decode(monkeypatch: pytest.MonkeyPatch) -> None:
-    chosen: list[int] = []
-
-    def spy(*args: int) -> int:
-        chosen.append(default(*args))
-        return chosen[-1]
-
-    default = pa.default_num_splits
-    monkeypatch.setattr(pa, "default_num_splits", spy)
+    chosen = record_results(monkeypatch, pa, "default_num_splits")
     monkeypatch.setattr(pa, "_num_sms", lambda device: 16)
     decode = make_batch([1, 1], [70, 33], n_heads=4, n_kv_heads=1, head_dim=64)
     out = run_kernel(decode, 0.125, max_seq_len=16384)  # a 16k-key hint: worth splitting

@@ -4,15 +4,13 @@ tokens (the scheduler), and generate the same tokens as unlimited steps (the eng
 from __future__ import annotations
 
 import pytest
-import torch
 
-from shared.engine import LLMEngine, Sequence
+from shared.engine import Sequence
 from shared.engine import scheduler as sched_mod
-from shared.engine.model_runner import ModelRunner
 from shared.engine.scheduler import Scheduler
-from shared.kv import BlockManager, KVPool
+from shared.kv import BlockManager
 from shared.sampling import SamplingParams
-from tests.test_engine import prompt
+from tests.test_engine import make_engine, prompt, run_all
 from tests.test_engine_overlap import llama  # noqa: F401 - fixture
 
 GREEDY = SamplingParams(temperature=0).validate()
@@ -48,15 +46,12 @@ def test_engine_generates_the_same_with_the_limit(llama, monkeypatch) -> None:  
     monkeypatch.setattr(sched_mod, "LONG_PREFIX", 16)
 
     def run(step: int) -> dict[int, list[int]]:
-        cfg = llama.cfg
-        kv = KVPool(cfg.n_layers, 128, 4, cfg.n_kv_heads, cfg.head_dim, torch.float32, "cpu")
-        eng = LLMEngine(ModelRunner(llama, kv, "cpu"), BlockManager(128, 4), 256, 64)
+        eng = make_engine(llama, num_blocks=128, max_model_len=256)
         eng.scheduler.long_prefix_step = step
         seqs = [Sequence(i, prompt(n, i), GREEDY, 8) for i, n in enumerate((4, 150, 33))]
         for s in seqs:
             eng.add(s)
-        while eng.has_work():
-            eng.step()
+        run_all(eng)
         eng.check_integrity()
         return {s.seq_id: s.output_ids for s in seqs}
 

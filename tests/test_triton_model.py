@@ -17,6 +17,7 @@ from shared.kv import BlockManager, KVPool
 from shared.loader import GGUFFile
 from shared.model import ForwardBatch, SeqChunk, load_model
 from shared.sampling import SamplingParams
+from tests.spies import record_results
 from tools.synthetic_gguf import SynthSpec, write_synthetic_gguf
 
 if torch.cuda.is_available():
@@ -94,14 +95,7 @@ def test_chunk_split_k_matches_torch_ops(path: Path, monkeypatch: pytest.MonkeyP
     import shared.kernels.device as device_k
     import shared.kernels.paged_attention as pa
 
-    chosen: list[int] = []
-
-    def spy(*args: object) -> int:
-        chosen.append(rule(*args))
-        return chosen[-1]
-
-    rule = pa.chunk_num_splits
-    monkeypatch.setattr(pa, "chunk_num_splits", spy)
+    chosen = record_results(monkeypatch, pa, "chunk_num_splits")
     monkeypatch.setattr(pa, "CHUNK_SPLIT_MIN_CONTEXT", 8)
     monkeypatch.setattr(pa, "_CHUNK_SPLIT_MIN_KEYS", 8)
     monkeypatch.setattr(device_k, "num_sms", lambda device: 64)

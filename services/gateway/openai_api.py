@@ -46,7 +46,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
     tok = gw.model.tokenizer
     req = parse_completion(decode_body(await request.read()), tok.vocab_size)
     _check_model(gw, req.model)
-    echo = ""
     if isinstance(req.prompt, str):
         # Special-token text in a raw prompt becomes those tokens, as in llama-server.
         prompt_ids = await _encode(tok, req.prompt, add_special=True)

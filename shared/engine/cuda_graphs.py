@@ -154,10 +154,9 @@ class StepGraphs:
 
     def _chunk_splits(self, batch: ForwardBatch, b: int) -> int:
         """The split-K slices of a mixed step's attention (see chunk_num_splits)."""
-        cfg, starts = self.model.cfg, batch.query_start_loc
-        query_lens = [starts[i + 1] - starts[i] for i in range(len(batch.seq_lens))]
+        cfg = self.model.cfg
         return chunk_num_splits(
-            query_lens, batch.seq_lens, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+            batch.query_lens, batch.seq_lens, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
             num_sms(self.device), chunk_split_limit(b),
         )  # fmt: skip
 

@@ -28,7 +28,8 @@ class ModelRunner:
         self.device = torch.device(device)
         self.sampler = Sampler()
         self.graphs = graphs  # steps replay CUDA graphs when given and one fits
-        self._runs: deque[str] = deque(maxlen=2)  # the last two steps, for stall logs
+        # the last two steps (tokens, sequences, graph key or None), for stall logs
+        self._runs: deque[tuple[int, int, tuple[str, int] | None]] = deque(maxlen=2)
 
     def run(
         self, work: list[tuple[Sequence, int]], prev: SampleOutput | None = None
@@ -66,14 +67,10 @@ class ModelRunner:
             rows, src = to_device(rows, self.device), to_device(src, self.device)
             batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
         logits = self.graphs.run(batch) if self.graphs is not None else None
-        how = "eager"
-        if logits is not None:
-            kind, bucket = self.graphs.last_key
-            how = f"{kind} graph of {bucket}"
+        key = self.graphs.last_key if logits is not None else None
         if logits is None:  # no graph fits this step
             logits = self.model(batch, self.kv)
-        n_tokens = batch.token_ids.shape[0]
-        self._runs.append(f"{n_tokens} tokens of {len(work)} sequences, {how}")
+        self._runs.append((batch.token_ids.shape[0], len(work), key))
         if not sampled:
             return sampled, None
         out = self.sampler.sample(
@@ -88,4 +85,7 @@ class ModelRunner:
     @property
     def last_runs(self) -> str:
         """The last two steps launched: their tokens, sequences and how they ran."""
-        return " | ".join(self._runs)
+        return " | ".join(
+            f"{n} tokens of {seqs} sequences, {f'{key[0]} graph of {key[1]}' if key else 'eager'}"
+            for n, seqs, key in self._runs
+        )

@@ -41,6 +41,12 @@ class ForwardBatch:
     attn_splits_t: torch.Tensor | None = None
     max_attn_splits: int = 0
 
+    @property
+    def query_lens(self) -> list[int]:
+        """Tokens each sequence computes in this step (host lists; empty for graph batches)."""
+        starts = self.query_start_loc
+        return [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
+
     @staticmethod
     def build(chunks: list[SeqChunk], block_size: int, device: torch.device | str) -> ForwardBatch:
         ids: list[int] = []

@@ -154,9 +154,8 @@ class TritonOps(TorchOps):
         if batch.attn_splits_t is not None:
             return {"num_splits": batch.max_attn_splits, "num_splits_t": batch.attn_splits_t}
         if not batch.attn_splits:
-            starts = batch.query_start_loc
             batch.attn_splits = self._attn_k.chunk_num_splits(
-                [starts[i + 1] - starts[i] for i in range(len(batch.seq_lens))],
+                batch.query_lens,
                 batch.seq_lens,
                 q.shape[1],
                 n_kv_heads,

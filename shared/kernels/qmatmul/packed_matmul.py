@@ -256,17 +256,16 @@ def default_config(
     (all four, 1.02-1.18x); Q6_K's 2-15 rows, not swept, take the 16-row choice. F16 only for
     16-bit activations (float32 ones would be rounded to fp16)."""
     half = dtype in (torch.float16, torch.bfloat16)
-    q4_k = GGMLQuantizationType.Q4_K if half else -1
-    q6_k = GGMLQuantizationType.Q6_K if half else -1
+    q4_k, q6_k = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
     if m == 1:
         split = auto_split(triton.cdiv(n, block_n), device, per_sm=4, most=8)
         return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
     if m <= 16:
-        if qtype == q6_k:
+        if half and qtype == q6_k:
             return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "F16": 1}
         return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     if m <= 64:
-        if qtype in (q4_k, q6_k):
+        if half and qtype in (q4_k, q6_k):
             warps = 8 if qtype == q4_k else 4
             return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": warps, "num_stages": 3, "F16": 1}
         # 32-row tiles: with 64 WIDE needs 255 registers for Q4_K (kernel_sass)

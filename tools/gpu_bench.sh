@@ -17,7 +17,7 @@ MODEL=${MODEL_PATH:-$MODEL}  # e.g. a Q4_K_M file from tools/llama3_shape.py --t
 # LLAMA_BENCH=1: llama-bench (W1) on the same file at the end; PROFILE=1 / PROFILE_C=1: the
 # engine's step profile (tools/profile_step) at 64 / 1 sequences first; ONLY_B=1: configuration
 # B alone (no A, no llama.cpp: for a follow-up call beside an earlier one's llama.cpp numbers);
-# NO_LLAMA=1: A (and B) without llama.cpp; TEST_FILES (TEST_K, TESTS_S): GPU tests first
+# NO_LLAMA=1: A (and B) without llama.cpp; NO_W2=1: configuration B runs W3 alone; TEST_FILES (TEST_K, TESTS_S): GPU tests first
 
 wait_health() {  # url timeout_s
   for _ in $(seq 1 "$2"); do
@@ -78,7 +78,7 @@ if [ -z "${ONLY_B:-}" ]; then
 fi
 if [ -n "${SERVE_ARGS_B:-}" ]; then  # a second Skiff configuration (A/B): W2 at C=64 and W3
   SERVE_ARGS=$SERVE_ARGS_B skiff_up 8081 34000 || tail -50 "$OUT/skiff-8081.log"
-  python3 -m tools.bench_serving http://127.0.0.1:8081 w2 --concurrency 64 \
+  [ -z "${NO_W2:-}" ] && python3 -m tools.bench_serving http://127.0.0.1:8081 w2 --concurrency 64 \
     --label "skiff $SERVE_ARGS_B" 2>&1 | tee -a "$R"
   python3 -m tools.bench_serving http://127.0.0.1:8081 w3 --label "skiff $SERVE_ARGS_B" 2>&1 \
     | tee -a "$R"

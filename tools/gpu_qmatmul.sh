@@ -41,7 +41,7 @@ case " $STAGES " in *" chunks "*)  # W3's chunk steps by split count and prefill
     | tee "$OUT/attn-chunks.txt" ;;
 esac
 case " $STAGES " in *" profile "*)
-  timeout 100 bash tools/gpu_profile.sh ;;
+  timeout ${PROFILE_S:-100} bash tools/gpu_profile.sh ;;
 esac
 case " $STAGES " in *" step "*)  # where a batch-1 decode step's time goes (first of W1_TYPES)
   models 2>&1

@@ -24,7 +24,7 @@ from shared.kernels.qmatmul.packed_dequant import dequantize_packed
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_matmul import default_config
 from shared.kernels.qmatmul.timing import cold_dense_ms, matmul_ms, weight_copies
-from shared.kernels.qmatmul.tuning import INT8_TILES, candidates
+from shared.kernels.qmatmul.tuning import INT8_TILE_TILES, INT8_TILES, candidates
 from shared.quant import block_geometry
 from tools.bench_qgemv import copy_bandwidth, random_weight
 
@@ -53,6 +53,10 @@ def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[d
                 {"BLOCK_N": b, "num_warps": w, "INT8": 1, "TPR": t, "PREFETCH": f}
                 for b, w, t, f in INT8_TILES
             ),
+            *(
+                {"BLOCK_N": b, "num_warps": w, "INT8": 1, "TILE": 1, "CH": ch}
+                for b, w, ch in INT8_TILE_TILES
+            ),  # fmt: skip
         ]
     if m <= 64:
         bm, stages = min(64, max(16, m)), 2 if m <= 16 else 3
@@ -70,6 +74,7 @@ def label(cfg: dict) -> str:
     for key in ("FACTOR", "INT8", "WIDE", "F16", "DEQUANT"):
         if cfg.get(key):
             tpr = f",tpr{cfg['TPR']}" if "TPR" in cfg else ""
+            tpr += f",tile{cfg['CH']}" if cfg.get("TILE") else ""
             tpr += ",pf" if cfg.get("PREFETCH") else ""
             return f"{key.lower()}({cfg.get('BLOCK_N', '')},{cfg.get('num_warps', '')}{tpr})"
     return f"tiles({cfg.get('BLOCK_M', 1)}x{cfg['BLOCK_N']},{cfg.get('num_warps', '')})"

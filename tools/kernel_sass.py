@@ -84,6 +84,14 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
         consts = {**fields, "BLOCK_N": 128, "SPLITS": 2, "TPR": 1, "PREFETCH": True, "ACT": act}
         return i8.gemv_int8_kernel, args, consts
+    if kind == "gemv-i8t":  # the int8-activation GEMV over one coalesced tile (packed_int8_tile)
+        it = importlib.import_module("shared.kernels.qmatmul.packed_int8_tile")
+        g = fields["G"]
+        xq = torch.empty(k // 4, dtype=torch.int32)
+        xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
+        args = [xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
+        consts = {**fields, "BLOCK_N": 16, "CH": chunks // 2, "SPLITS": 2, "ACT": act}
+        return it.gemv_int8_tile_kernel, args, consts
     if kind == "gemm-16":  # Q4_K / Q6_K weights formed in fp16 (packed_gemm16)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
         xh = torch.empty(m, k, dtype=torch.float16)
@@ -106,7 +114,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
 
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
-    """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations), gemm or gemm-w (one dot a
+    """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations), gemv-i8t (its one-tile
+    variant: no loop, so its count is the whole kernel), gemm or gemm-w (one dot a
     chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights, Q4_K / Q6_K) and x16 (its
     activation conversion) or dequant; "-act" adds
     the gated SiLU epilogue."""
@@ -229,6 +238,13 @@ def loop_stats(cubin: bytes) -> tuple[int, Counter]:
     return len(body), Counter(body)
 
 
+def whole_stats(cubin: bytes) -> tuple[int, Counter]:
+    """Instructions of the whole kernel and its opcode counts."""
+    sass = _cuobjdump(cubin, "-sass")
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)", sass)
+    return len(ops), Counter(ops)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90)
@@ -255,10 +271,11 @@ def main(argv: list[str] | None = None) -> int:
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemv-i8", 1, 4), ("gemm", 16, 4),
              ("gemm-w", 16, 4), ("gemm", 64, 4), ("gemm-w", 64, 4), ("dequant", 1, 4),
              ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4),
-             ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1))  # fmt: skip
+             ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
+             ("gemv-i8t", 1, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
-            if kind == "gemv-i8" and qtype not in INT8_TYPES:
+            if kind in ("gemv-i8", "gemv-i8t") and qtype not in INT8_TYPES:
                 continue
             if kind in ("gemm-16", "gemm-16-act", "x16") and qtype not in F16_TYPES:
                 continue
@@ -273,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
             count, ops = loop_stats(compiled.asm["cubin"])
             rows = {"gemv": 16, "gemv-f": 64, "gemv-i8": 128}.get(kind.removesuffix("-act"), 32)
             weights = rows * CHUNK[qtype] / (warps * 32)
+            if kind == "gemv-i8t":  # no chunk loop: the whole kernel, 16 rows x half of K
+                count, ops = whole_stats(compiled.asm["cubin"])
+                weights = 16 * 4096 / 2 / (warps * 32)
             top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
             print(f"{qtype.name:5} {kind:7} M={m:<3} loop {count:5} per thread per chunk, "
                   f"{count / weights:5.1f} per weight, {registers(compiled.asm['cubin'])} "

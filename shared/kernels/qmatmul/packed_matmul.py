@@ -40,6 +40,7 @@ from shared.kernels.qmatmul.packed_gemm import (
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES, launch_gemm16
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
+from shared.kernels.qmatmul.packed_int8_tile import launch_int8_tile
 from shared.kernels.qmatmul.split_tickets import finish_rows
 from shared.ops.activation import gelu_mul, silu_mul
 
@@ -158,8 +159,9 @@ def packed_matmul(
     config overrides the tiling. M = 1: ``BLOCK_N``, ``num_warps``, ``SPLIT_K`` and ``UNROLL``
     (1: each program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV
     of ``packed_gemv``) or ``INT8`` (1: int8 activations and dp4a, ``packed_int8``; types
-    outside ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row). M > 1: ``BLOCK_M``,
-    ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or
+    outside ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row, or ``TILE`` 1: a
+    program's rows and ``CH`` chunks (default 8; the split follows) as one coalesced tile,
+    ``packed_int8_tile``). M > 1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or
     ``F16`` (Q4_K, Q6_K: the weights formed in fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense
     copy of the weight in x's dtype, then torch's matmul). An absent
     ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made once and kept
@@ -183,6 +185,8 @@ def packed_matmul(
     if m == 1:
         tiles = triton.cdiv(n, cfg["BLOCK_N"])
         splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=8)
+        if cfg.get("TILE") and cfg.get("INT8") and pw.qtype in INT8_TYPES:
+            splits = triton.cdiv(n_chunks, cfg.get("CH", 8))  # CH chunks a program's tile
         per_split = triton.cdiv(n_chunks, splits)
         splits = triton.cdiv(n_chunks, per_split)
         unroll = per_split if cfg.get("UNROLL") else 0
@@ -192,7 +196,8 @@ def packed_matmul(
         grid = (tiles, splits)
         targets = (out, part, pw.tickets)
         if cfg.get("INT8") and pw.qtype in INT8_TYPES:  # int8 activations, dp4a
-            launch_int8(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp)
+            launch = launch_int8_tile if cfg.get("TILE") else launch_int8  # one coalesced tile
+            launch(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp)
         elif cfg.get("FACTOR"):  # codes times activations summed first, scaled once a sub-block
             xf = torch.empty(k, dtype=torch.float32, device=x.device)
             xs = torch.empty(k // 4, dtype=torch.float32, device=x.device)

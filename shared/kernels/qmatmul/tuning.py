@@ -61,6 +61,8 @@ def device_key(device: torch.device) -> str:
 # next chunk first (127 registers instead of 52 for Q4_K). The H200 picked TPR 1 and 2 (0b29ea5).
 INT8_TILES = ((128, 4, 1, 0), (64, 4, 2, 0), (32, 4, 4, 0), (16, 4, 8, 0), (128, 4, 1, 1),
               (64, 4, 2, 1))  # fmt: skip
+# the one-tile int8 GEMV (packed_int8_tile): (BLOCK_N, num_warps, CH chunks a program)
+INT8_TILE_TILES = ((16, 4, 4), (16, 4, 8), (16, 4, 16), (8, 4, 16), (32, 4, 8), (32, 8, 8))
 
 
 def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:

@@ -1,0 +1,72 @@
+"""The int8-activation GEMV over one coalesced tile (``INT8: 1, TILE: 1``,
+shared/kernels/qmatmul/packed_int8_tile.py) against the reference ``x @ unpack(pw).T``:
+exact (up to float32 summation order) on activations the int8 rounding keeps, for every type,
+with ragged row tiles, splits that leave the tile's last chunks empty, and the gated epilogue;
+within the rounding's bound on random activations. Same helpers as the per-thread variant's
+tests (tests/test_kernel_packed_int8.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as T
+
+from shared.kernels.qmatmul.packed import pack, unpack
+from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
+from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from tests.test_kernel_packed_int8 import _layout, representable
+from tests.test_kernel_packed_matmul import random_raw
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+
+
+@pytest.mark.parametrize("qtype", sorted(INT8_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("ch", [3, 8])
+def test_exact_activations_give_the_product(qtype: T, ch: int) -> None:
+    # 37 rows: a ragged row tile. 1024 columns: 4 chunks (W = 32) or 8 (Q6_K, Q8_0). CH 3 with
+    # 8 chunks: three programs of 3, 3 and 2 chunks in tiles of 4 (masked past each share);
+    # with 4: two of 2. CH 8: one program over all of K.
+    n, k = 37, 1024
+    pw = pack(random_raw(qtype, n, k, seed=int(qtype) + ch).to(DEVICE), qtype, (n, k))
+    x = representable(k, _layout(qtype)[0], seed=ch).to(DEVICE)
+    want = x.double() @ unpack(pw).double().T
+    cfg = {"BLOCK_N": 16, "CH": ch, "num_warps": 2, "INT8": 1, "TILE": 1}
+    got = packed_matmul(x, pw, torch.float32, config=cfg)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_random_activations_stay_within_the_rounding_bound(qtype: T) -> None:
+    n, k = 32, 1024
+    pw = pack(random_raw(qtype, n, k, seed=5).to(DEVICE), qtype, (n, k))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    w = unpack(pw).double()
+    want = x.double() @ w.T
+    cfg = {"BLOCK_N": 8, "CH": 4, "num_warps": 4, "INT8": 1, "TILE": 1}
+    got = packed_matmul(x, pw, torch.float32, config=cfg)
+    blocks = x.double().reshape(-1, _layout(qtype)[0])
+    step = (blocks.abs().amax(1, keepdim=True) / 127).expand_as(blocks).reshape(1, k)
+    bound = (step / 2) @ w.abs().T  # each activation moves by at most half its step
+    err = (got.double() - want).abs()
+    assert bool((err <= bound * 1.001 + 1e-5).all()), float((err / bound).max())
+    assert float((err / bound).mean()) < 0.5  # rounding errors cancel; a bias would not
+
+
+@pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
+def test_gated_epilogue(act: int) -> None:
+    n, k = 38, 512
+    pw = pack(random_raw(T.Q4_K, n, k, seed=act).to(DEVICE), T.Q4_K, (n, k))
+    x = representable(k, 32, seed=act).to(DEVICE)
+    cfg = {"BLOCK_N": 16, "CH": 1, "num_warps": 1, "INT8": 1, "TILE": 1}
+    got = packed_matmul(x, pw, torch.float32, cfg, act=act)
+    y = x.double() @ unpack(pw).double().T
+    g, u = y[:, 0::2], y[:, 1::2]
+    want = (F.silu(g) if act == 1 else F.gelu(g, approximate="tanh")) * u
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())

@@ -161,10 +161,10 @@ def packed_matmul(
     of ``packed_gemv``) or ``INT8`` (1: int8 activations and dp4a, ``packed_int8``; types
     outside ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row, or ``TILE`` 1: a
     program's rows and ``CH`` chunks (default 8; the split follows) as one coalesced tile,
-    ``packed_int8_tile``). M > 1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or
-    ``F16`` (Q4_K, Q6_K: the weights formed in fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense
-    copy of the weight in x's dtype, then torch's matmul). An absent
-    ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made once and kept
+    ``packed_int8_tile``). M > 1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
+    ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or ``F16`` (Q4_K, Q6_K: the weights formed in
+    fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then
+    torch's matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made once and kept
     (``[N, K]`` in x's dtype): ``DEQUANT`` multiplies by it instead of dequantizing each call.
     """
     n, k = pw.shape

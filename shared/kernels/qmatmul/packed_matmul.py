@@ -164,8 +164,9 @@ def packed_matmul(
     ``packed_int8_tile``). M > 1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
     ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or ``F16`` (Q4_K, Q6_K: the weights formed in
     fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then
-    torch's matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made once and kept
-    (``[N, K]`` in x's dtype): ``DEQUANT`` multiplies by it instead of dequantizing each call.
+    torch's matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``:
+    that copy made once and kept (``[N, K]`` in x's dtype): ``DEQUANT`` multiplies by it
+    instead of dequantizing each call.
     """
     n, k = pw.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:

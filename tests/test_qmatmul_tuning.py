@@ -33,7 +33,9 @@ def test_candidates_are_complete_configs(qtype: T) -> None:
         cands = candidates(m, pw)
         assert cands, m
         keys = {"BLOCK_N", "SPLIT_K", "num_warps"} if m == 1 else {"BLOCK_M", "BLOCK_N"}
-        assert all(keys <= set(c) or c.get("DEQUANT") for c in cands)
+        tile = {"BLOCK_N", "CH", "num_warps", "INT8"}  # the one-tile GEMV: CH sets the split
+        assert all(keys <= set(c) or c.get("DEQUANT") or tile <= set(c) for c in cands)
+        assert (m == 1) == any(c.get("TILE") for c in cands)
     assert {"DEQUANT": 1} in candidates(512, pw)  # prefill: the dense path competes
     unrolled = [c for c in candidates(1, pw) if c.get("UNROLL")]
     assert unrolled and all(-(-chunks // c["SPLIT_K"]) <= 16 for c in unrolled)
@@ -140,6 +142,9 @@ def test_quick_candidates_are_few_compiles_of_complete_configs() -> None:
 
     pw = pack(random_raw(T.Q4_K, 16, 4096, seed=0), T.Q4_K, (16, 4096))
     quick = quick_candidates(pw)
+    tiles = [c for c in quick if c.get("TILE")]  # the one-tile GEMV: CH chunks set its split
+    assert len(tiles) == 6 and all(c.get("INT8") and "CH" in c for c in tiles)
+    quick = [c for c in quick if not c.get("TILE")]
     assert all({"BLOCK_N", "SPLIT_K", "num_warps"} <= set(c) for c in quick)
     compiles = {
         (c["BLOCK_N"], c["num_warps"], c.get("FACTOR", 0), c.get("TPR", 0), c.get("PREFETCH", 0))

@@ -67,8 +67,8 @@ INT8_TILE_TILES = ((16, 4, 4), (16, 4, 8), (16, 4, 16), (8, 4, 16), (32, 4, 8), 
 
 def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
     """The batch-1 decode candidates a first load times by default: five compiles per type
-    (shared by every shape of the type), plus the int8 GEMV's six where the type has it; the
-    split-K variants free."""
+    (shared by every shape of the type), plus the int8 GEMVs' twelve where the type has them;
+    the split-K variants free."""
     tiles = [(16, 4, {}), (32, 2, {}), (32, 4, {}), (64, 2, {"FACTOR": 1}), (64, 4, {"FACTOR": 1})]
     if pw.qtype in INT8_TYPES:
         tiles += [(b, w, {"INT8": 1, "TPR": t, "PREFETCH": f}) for b, w, t, f in INT8_TILES]
@@ -76,6 +76,16 @@ def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
         {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, **extra}
         for b, w, extra in tiles
         for s in (1, 2, 4, 8)
+    ] + one_tile_candidates(pw)
+
+
+def one_tile_candidates(pw: PackedWeight) -> list[dict[str, int]]:
+    """The one-tile int8 GEMV's configs (its CH sets the split), for the types it has."""
+    if pw.qtype not in INT8_TYPES:
+        return []
+    return [
+        {"BLOCK_N": b, "num_warps": w, "INT8": 1, "TILE": 1, "CH": ch}
+        for b, w, ch in INT8_TILE_TILES
     ]
 
 
@@ -107,6 +117,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
                 for b, w, t, f in (*INT8_TILES, (64, 2, 1, 0), (256, 8, 1, 0), (64, 2, 1, 1))
                 for s in (1, 2, 4, 8)
             ]
+            out += one_tile_candidates(pw)
         return out
     # decode batches: split-K is a launch argument (no compile of its own)
     # (WIDE with 32-row tiles only: with 64 it needs up to 255 registers, kernel_sass)

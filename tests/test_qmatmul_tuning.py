@@ -142,9 +142,7 @@ def test_quick_candidates_are_few_compiles_of_complete_configs() -> None:
 
     pw = pack(random_raw(T.Q4_K, 16, 4096, seed=0), T.Q4_K, (16, 4096))
     quick = quick_candidates(pw)
-    tiles = [c for c in quick if c.get("TILE")]  # the one-tile GEMV: CH chunks set its split
-    assert len(tiles) == 6 and all(c.get("INT8") and "CH" in c for c in tiles)
-    quick = [c for c in quick if not c.get("TILE")]
+    assert not any(c.get("TILE") for c in quick)  # the one-tile GEMV: full tuning only
     assert all({"BLOCK_N", "SPLIT_K", "num_warps"} <= set(c) for c in quick)
     compiles = {
         (c["BLOCK_N"], c["num_warps"], c.get("FACTOR", 0), c.get("TPR", 0), c.get("PREFETCH", 0))

@@ -61,14 +61,16 @@ def device_key(device: torch.device) -> str:
 # next chunk first (127 registers instead of 52 for Q4_K). The H200 picked TPR 1 and 2 (0b29ea5).
 INT8_TILES = ((128, 4, 1, 0), (64, 4, 2, 0), (32, 4, 4, 0), (16, 4, 8, 0), (128, 4, 1, 1),
               (64, 4, 2, 1))  # fmt: skip
-# the one-tile int8 GEMV (packed_int8_tile): (BLOCK_N, num_warps, CH chunks a program)
+# the one-tile int8 GEMV (packed_int8_tile): (BLOCK_N, num_warps, CH chunks a program); full
+# tuning only (SKIFF_QMATMUL_TUNE=1): it won 2 of 18 batch-1 shapes on the H200 (BENCHMARKS.md (r))
 INT8_TILE_TILES = ((16, 4, 4), (16, 4, 8), (16, 4, 16), (8, 4, 16), (32, 4, 8), (32, 8, 8))
 
 
 def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
     """The batch-1 decode candidates a first load times by default: five compiles per type
-    (shared by every shape of the type), plus the int8 GEMVs' twelve where the type has them;
-    the split-K variants free."""
+    (shared by every shape of the type), plus the int8 GEMV's six where the type has it; the
+    split-K variants free. The one-tile GEMV lost on 16 of 18 shapes in the H200 sweep of
+    2026-11-30 (r) and is left to the full tuning."""
     tiles = [(16, 4, {}), (32, 2, {}), (32, 4, {}), (64, 2, {"FACTOR": 1}), (64, 4, {"FACTOR": 1})]
     if pw.qtype in INT8_TYPES:
         tiles += [(b, w, {"INT8": 1, "TPR": t, "PREFETCH": f}) for b, w, t, f in INT8_TILES]
@@ -76,7 +78,7 @@ def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
         {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, **extra}
         for b, w, extra in tiles
         for s in (1, 2, 4, 8)
-    ] + one_tile_candidates(pw)
+    ]
 
 
 def one_tile_candidates(pw: PackedWeight) -> list[dict[str, int]]:

@@ -126,13 +126,20 @@ def test_exact_activations_give_the_product(qtype: T, split: int) -> None:
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
-def test_random_activations_stay_within_the_rounding_bound(qtype: T) -> None:
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"BLOCK_N": 64, "num_warps": 2, "INT8": 1, "PREFETCH": 1},
+        {"BLOCK_N": 8, "CH": 4, "num_warps": 4, "INT8": 1, "TILE": 1},  # packed_int8_tile
+    ],
+    ids=["rows", "tile"],
+)
+def test_random_activations_stay_within_the_rounding_bound(qtype: T, cfg: dict) -> None:
     n, k = 64, 1024
     pw = pack(random_raw(qtype, n, k, seed=5).to(DEVICE), qtype, (n, k))
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(7)).to(DEVICE)
     w = unpack(pw).double()
     want = x.double() @ w.T
-    cfg = {"BLOCK_N": 64, "num_warps": 2, "INT8": 1, "PREFETCH": 1}
     got = packed_matmul(x, pw, torch.float32, config=cfg)
     # each activation moves by at most half its sub-block's step: |error| <= |W| @ step / 2
     blocks = x.double().reshape(-1, _layout(qtype)[0])

@@ -1,9 +1,9 @@
 """The int8-activation GEMV over one coalesced tile (``INT8: 1, TILE: 1``,
 shared/kernels/qmatmul/packed_int8_tile.py) against the reference ``x @ unpack(pw).T``:
 exact (up to float32 summation order) on activations the int8 rounding keeps, for every type,
-with ragged row tiles, splits that leave the tile's last chunks empty, and the gated epilogue;
-within the rounding's bound on random activations. Same helpers as the per-thread variant's
-tests (tests/test_kernel_packed_int8.py)."""
+with ragged row tiles, splits that leave the tile's last chunks empty, and the gated epilogue.
+The rounding bound on random activations is tested beside the per-thread variant's
+(tests/test_kernel_packed_int8.py), whose helpers these tests share."""
 
 from __future__ import annotations
 
@@ -40,23 +40,6 @@ def test_exact_activations_give_the_product(qtype: T, ch: int) -> None:
     cfg = {"BLOCK_N": 16, "CH": ch, "num_warps": 2, "INT8": 1, "TILE": 1}
     got = packed_matmul(x, pw, torch.float32, config=cfg)
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
-
-
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_random_activations_stay_within_the_rounding_bound(qtype: T) -> None:
-    n, k = 32, 1024
-    pw = pack(random_raw(qtype, n, k, seed=5).to(DEVICE), qtype, (n, k))
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(7)).to(DEVICE)
-    w = unpack(pw).double()
-    want = x.double() @ w.T
-    cfg = {"BLOCK_N": 8, "CH": 4, "num_warps": 4, "INT8": 1, "TILE": 1}
-    got = packed_matmul(x, pw, torch.float32, config=cfg)
-    blocks = x.double().reshape(-1, _layout(qtype)[0])
-    step = (blocks.abs().amax(1, keepdim=True) / 127).expand_as(blocks).reshape(1, k)
-    bound = (step / 2) @ w.abs().T  # each activation moves by at most half its step
-    err = (got.double() - want).abs()
-    assert bool((err <= bound * 1.001 + 1e-5).all()), float((err / bound).max())
-    assert float((err / bound).mean()) < 0.5  # rounding errors cancel; a bias would not
 
 
 @pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])

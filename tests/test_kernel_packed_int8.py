@@ -21,9 +21,10 @@ import triton.language as tl
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.device import interpreted
+from shared.kernels.qmatmul.int8_activations import prepare_int8
 from shared.kernels.qmatmul.int8_ops import dp4a, even_odd, transpose4
 from shared.kernels.qmatmul.packed import WORDS, pack, unpack
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, prepare_int8
+from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from tests.test_kernel_packed_matmul import random_raw
 
@@ -123,6 +124,22 @@ def test_exact_activations_give_the_product(qtype: T, split: int) -> None:
     cfg["PREFETCH"] = split > 1  # (the interpreter runs one loop for both)
     got = packed_matmul(x, pw, torch.float32, config=cfg)
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_1], ids=lambda t: t.name)
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_rounding_in_the_prologue_gives_the_same_result(qtype: T, prefetch: int) -> None:
+    """QX: each program rounds its split's activation chunks itself (no launch before the
+    GEMV). Same rounding, same sums in the same order: the same bits as the separate launch."""
+    n, k = 37, 1024
+    pw = pack(random_raw(qtype, n, k, seed=9).to(DEVICE), qtype, (n, k))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(11)).to(DEVICE)
+    cfg = {"BLOCK_N": 16, "SPLIT_K": 3, "num_warps": 2, "INT8": 1, "PREFETCH": prefetch}
+    want = packed_matmul(x, pw, torch.float32, config=cfg)
+    got = packed_matmul(x, pw, torch.float32, config={**cfg, "QX": 1})
+    assert torch.equal(got, want)
+    exact = x.double() @ unpack(pw).double().T  # and it is the product (within the rounding)
+    assert float((got.double() - exact).norm() / exact.norm()) < 2e-2
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)

@@ -145,11 +145,13 @@ def test_quick_candidates_are_few_compiles_of_complete_configs() -> None:
     assert not any(c.get("TILE") for c in quick)  # the one-tile GEMV: full tuning only
     assert all({"BLOCK_N", "SPLIT_K", "num_warps"} <= set(c) for c in quick)
     compiles = {
-        (c["BLOCK_N"], c["num_warps"], c.get("FACTOR", 0), c.get("TPR", 0), c.get("PREFETCH", 0))
+        (c["BLOCK_N"], c["num_warps"], c.get("FACTOR", 0), c.get("TPR", 0), c.get("PREFETCH", 0),
+         c.get("QX", 0))
         for c in quick
-    }
-    assert len(compiles) == 11 and any(c.get("FACTOR") for c in quick)
-    assert sum(1 for c in compiles if c[3]) == 6 and all(c.get("INT8") for c in quick if "TPR" in c)
+    }  # fmt: skip
+    assert len(compiles) == 13 and any(c.get("FACTOR") for c in quick)
+    assert sum(1 for c in compiles if c[3]) == 8 and all(c.get("INT8") for c in quick if "TPR" in c)
+    assert all(c[4] for c in compiles if c[5])  # QX only with PREFETCH
     q3 = pack(random_raw(T.Q3_K, 16, 4096, seed=0), T.Q3_K, (16, 4096))
     assert not any(c.get("INT8") for c in quick_candidates(q3))  # no int8 GEMV for Q3_K
 

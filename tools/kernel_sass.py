@@ -81,9 +81,9 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         g = fields["G"]
         xq = torch.empty(k // 4, dtype=torch.int32)
         xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
-        args = [xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
+        args = [x, xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
         consts = {**fields, "BLOCK_N": 128, "SPLITS": 2, "TPR": 1, "PREFETCH": True, "ACT": act}
-        return i8.gemv_int8_kernel, args, consts
+        return i8.gemv_int8_kernel, args, {**consts, "QX": False}
     if kind == "gemv-i8t":  # the int8-activation GEMV over one coalesced tile (packed_int8_tile)
         it = importlib.import_module("shared.kernels.qmatmul.packed_int8_tile")
         g = fields["G"]

@@ -4,9 +4,10 @@ The float GEMVs (``packed_matmul._gemv_kernel``, ``packed_gemv``) turn every 4-b
 float and multiply it by its activation: 5-9 instructions a weight on sm_90, and at batch 1 the
 H200 ran out of issue slots long before it ran out of memory bandwidth (ncu: 0.65 issued warps
 a scheduler, 22 % of DRAM). Here, as llama.cpp's MMVQ does, the activations are quantized to
-int8 first (``quantize_x_kernel``: one scale per sub-block of the weight's layout, round to
-nearest, plus the float sum of each sub-block for the offsets) and one ``dp4a`` multiplies four
-codes by four activations and adds them to an int32:
+int8 first (``int8_activations``: one scale per sub-block of the weight's layout, round to
+nearest, plus the float sum of each sub-block for the offsets; a launch of its own, or with
+``QX`` in the GEMV's prologue) and one ``dp4a`` multiplies four codes by four activations and
+adds them to an int32:
 
 - ``TPR`` threads share a weight row (``BLOCK_N`` rows a program), each reading every TPR-th
   group of four words of a chunk (128-bit loads; more threads a row coalesce, fewer scale
@@ -19,8 +20,10 @@ codes by four activations and adds them to an int32:
 - a chunk's loads are issued together (``_load``), its math follows (``_compute``); with
   ``PREFETCH`` chunk c + 1 is requested before chunk c is multiplied.
 
-Measured on the H200 (BENCHMARKS.md, 2026-11-30 (b)): 1.0-1.5x the float GEMV for Q4_K and
-Q6_K, not for Q8_0; 0.21-0.39 of the copy bandwidth (the PREFETCH variant is not measured yet).
+Measured on the H200 (BENCHMARKS.md, 2026-11-30 (b), (r)): 1.0-1.5x the float GEMV for Q4_K
+and Q6_K, not for Q8_0; 0.22-0.55 of the copy bandwidth, PREFETCH the fastest on most 8B
+shapes. ncu (r): warps wait on loads that fetch each sector twice (a warp's 128-bit load
+touches 32 rows). ``QX`` is not measured yet.
 
 The result is ``x_hat @ unpack(pw).T`` plus the offsets' exact part, where x_hat is x rounded to
 int8 per sub-block: not the float GEMV's result, but within the error bound of that rounding
@@ -30,46 +33,24 @@ Q5_1, Q4_K, Q5_K), Q6_K and Q8_0; Q2_K / Q3_K keep the float GEMV.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
+from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8, quantize_chunk
 from shared.kernels.qmatmul.int8_ops import dp4a, even_odd, transpose4
-from shared.kernels.qmatmul.packed import WORDS, PackedWeight
+from shared.kernels.qmatmul.packed import WORDS
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.split_tickets import finish_rows
 
-__all__ = ["INT8_TYPES", "gemv_int8_kernel", "prepare_int8", "quantize_x_kernel"]
+__all__ = ["INT8_TYPES", "gemv_int8_kernel", "launch_int8"]
 
 _T = GGMLQuantizationType
 INT8_TYPES: frozenset[int] = frozenset(
     {_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K}
 )
 _NIB = tl.constexpr(0x0F0F0F0F)
-
-
-@triton.jit
-def quantize_x_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
-    """Chunk program_id(0) of x (W * G elements, sub-block j = elements W*j .. W*j + W - 1):
-    int8 codes as words ``xq[c, a, j]`` (byte t: element W*j + 4a + t), the scale
-    ``xd[c, j] = max|x| / 127`` and the float sum ``xs[c, j]`` of each sub-block."""
-    c = tl.program_id(0)
-    j = tl.arange(0, G)
-    x = tl.load(x_ptr + c * (W * G) + j[:, None] * W + tl.arange(0, W)[None, :]).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    v = x * inv[:, None]
-    q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32) & 0xFF
-    e, o = tl.split(tl.reshape(q, (G, W // 4, 2, 2)))  # byte t = 2 * (t // 2) + t % 2
-    q0, q2 = tl.split(e)
-    q1, q3 = tl.split(o)
-    word = q0 | (q1 << 8) | (q2 << 16) | (q3 << 24)  # [G, W / 4]
-    at = (c * (W // 4) + tl.arange(0, W // 4)[None, :]) * G + j[:, None]
-    tl.store(xq_ptr + at, word)
-    tl.store(xd_ptr + c * G + j, amax / 127.0)
-    tl.store(xs_ptr + c * G + j, tl.sum(x, axis=1))
 
 
 @triton.jit
@@ -274,8 +255,21 @@ def _compute(
 
 
 @triton.jit
+def _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX: tl.constexpr, W: tl.constexpr,
+                 G: tl.constexpr):  # fmt: skip
+    """With QX: chunks c0 .. c1 - 1 of x rounded to int8 into the program's (shared) buffers,
+    then a barrier, so that every thread of the program reads them. Every program of the split
+    stores the same words."""
+    if QX:
+        for c in range(c0, c1):
+            quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W, G)
+        tl.debug_barrier()
+
+
+@triton.jit
 def gemv_int8_kernel(
-    xq_ptr, xd_ptr, xs_ptr,  # quantize_x_kernel's output for the weight's (W, G)
+    x_ptr,  # [K] activations (read only with QX)
+    xq_ptr, xd_ptr, xs_ptr,  # the rounded activations (int8_activations) for the weight's (W, G)
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
     part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
@@ -288,6 +282,7 @@ def gemv_int8_kernel(
     SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
     TPR: tl.constexpr,  # threads a row: each reads every TPR-th group of four words
     PREFETCH: tl.constexpr,  # request chunk c + 1 before multiplying chunk c
+    QX: tl.constexpr,  # round this split's activation chunks here (no launch of their own)
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
@@ -298,6 +293,11 @@ def gemv_int8_kernel(
     c1 = tl.minimum(c0 + per_split, n_chunks)
     acc = tl.zeros((BLOCK_N, TPR), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
+        if QX:
+            c = c0
+            while c < c1:
+                quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W, G)
+                c += 1
         c = c0
         while c < c1:
             cur = _load(
@@ -307,6 +307,7 @@ def gemv_int8_kernel(
             acc = _compute(acc, c, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, BLOCK_N, TPR, True)
             c += 1
     elif not PREFETCH:  # a chunk's loads together, then its math
+        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         for c in range(c0, c1):
             cur = _load(
                 QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, safe, c, True,
@@ -323,6 +324,7 @@ def gemv_int8_kernel(
             QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, safe, c0, c0 < c1,
             stride_q, stride_s, stride_d, W, G, BLOCK_N, TPR,
         )  # fmt: skip
+        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)  # the first loads in flight
         for c in range(c0, c1):
             nxt = _load(
                 QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, safe, c + 1,
@@ -336,27 +338,17 @@ def gemv_int8_kernel(
     finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, BLOCK_N, SPLITS, ACT)
 
 
-def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
-    """x [K] -> (xq, xd, xs) for gemv_int8_kernel over pw's layout (one small launch)."""
-    f = fields(pw)
-    k = pw.shape[1]
-    chunks = k // (f["W"] * f["G"])
-    xq = torch.empty(k // 4, dtype=torch.int32, device=x.device)
-    xd = torch.empty(chunks * f["G"], dtype=torch.float32, device=x.device)
-    xs = torch.empty_like(xd)
-    quantize_x_kernel[(chunks,)](x, xq, xd, xs, W=f["W"], G=f["G"], num_warps=1)
-    return xq, xd, xs
-
-
 def launch_int8(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp) -> None:
     """gemv_int8_kernel over pw for the row x ([K]); targets: (out, split partials, tickets)
     as finish_rows takes them, grid (row tiles, splits); cfg: BLOCK_N, num_warps, TPR
-    (threads a row, default 1; at most the groups of four words a chunk has) and PREFETCH."""
-    xq, xd, xs = prepare_int8(x, pw)
+    (threads a row, default 1; at most the groups of four words a chunk has), PREFETCH and QX
+    (1: the activations rounded in the GEMV's prologue instead of a launch before it)."""
+    qx = bool(cfg.get("QX"))
+    xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
     tpr = min(cfg.get("TPR", 1), WORDS[pw.qtype] // 4)
     prefetch = bool(cfg.get("PREFETCH"))
     gemv_int8_kernel[grid](
-        xq, xd, xs, *planes(pw), *targets, pw.shape[0], n_chunks, per_split, *strides(pw),
+        x, xq, xd, xs, *planes(pw), *targets, pw.shape[0], n_chunks, per_split, *strides(pw),
         **fields(pw), BLOCK_N=cfg["BLOCK_N"], SPLITS=grid[1], TPR=tpr, PREFETCH=prefetch,
-        ACT=act, INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
+        QX=qx, ACT=act, INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
     )  # fmt: skip

@@ -16,7 +16,7 @@ group belong to different sub-blocks). The offsets (``shift_j * sum(x)``, once p
 row) are a separate ``[BLOCK_N, CH, G]`` tile, not work for every group.
 
 Same result as ``gemv_int8_kernel`` up to float32 summation order: the activations are rounded
-by the same ``quantize_x_kernel``. Types: ``packed_int8.INT8_TYPES``.
+by the same ``int8_activations.prepare_int8``. Types: ``packed_int8.INT8_TYPES``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from shared.kernels.qmatmul.int8_activations import prepare_int8
 from shared.kernels.qmatmul.int8_ops import dp4a
 from shared.kernels.qmatmul.packed import PackedWeight
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8 import _codes, _split4, _split8, prepare_int8
+from shared.kernels.qmatmul.packed_int8 import _codes, _split4, _split8
 from shared.kernels.qmatmul.split_tickets import finish_rows
 
 __all__ = ["gemv_int8_tile_kernel", "launch_int8_tile"]
@@ -80,7 +81,7 @@ def _scales(
 
 @triton.jit
 def gemv_int8_tile_kernel(
-    xq_ptr, xd_ptr, xs_ptr,  # quantize_x_kernel's output for the weight's (W, G)
+    xq_ptr, xd_ptr, xs_ptr,  # int8_activations' output for the weight's (W, G)
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     out_ptr, part_ptr, tickets_ptr,  # as gemv_int8_kernel's
     N, n_chunks, per_split, stride_q, stride_s, stride_d,

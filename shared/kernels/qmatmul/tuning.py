@@ -68,12 +68,14 @@ INT8_TILE_TILES = ((16, 4, 4), (16, 4, 8), (16, 4, 16), (8, 4, 16), (32, 4, 8), 
 
 def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
     """The batch-1 decode candidates a first load times by default: five compiles per type
-    (shared by every shape of the type), plus the int8 GEMV's six where the type has it; the
-    split-K variants free. The one-tile GEMV lost on 16 of 18 shapes in the H200 sweep of
-    2026-11-30 (r) and is left to the full tuning."""
+    (shared by every shape of the type), plus the int8 GEMV's six where the type has it and
+    its two prefetching ones with ``QX``; the split-K variants free. The one-tile GEMV lost on
+    16 of 18 shapes in the H200 sweep of 2026-11-30 (r) and is left to the full tuning."""
     tiles = [(16, 4, {}), (32, 2, {}), (32, 4, {}), (64, 2, {"FACTOR": 1}), (64, 4, {"FACTOR": 1})]
     if pw.qtype in INT8_TYPES:
         tiles += [(b, w, {"INT8": 1, "TPR": t, "PREFETCH": f}) for b, w, t, f in INT8_TILES]
+        # the prefetching ones also with the activations rounded in their prologue (QX)
+        tiles += [(b, w, {**e, "QX": 1}) for b, w, e in tiles if e.get("PREFETCH")]
     return [
         {"BLOCK_N": b, "SPLIT_K": s, "num_warps": w, **extra}
         for b, w, extra in tiles
@@ -119,6 +121,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
                 for b, w, t, f in (*INT8_TILES, (64, 2, 1, 0), (256, 8, 1, 0), (64, 2, 1, 1))
                 for s in (1, 2, 4, 8)
             ]
+            out += [{**c, "QX": 1} for c in out if c.get("PREFETCH")]  # rounding in the prologue
             out += one_tile_candidates(pw)
         return out
     # decode batches: split-K is a launch argument (no compile of its own)

@@ -1,0 +1,68 @@
+"""Activations rounded to int8 for the int8-activation GEMVs (packed_int8, packed_int8_tile).
+
+Per sub-block of the weight's layout (W elements; G sub-blocks a chunk), as llama.cpp's q8_1
+blocks: one scale ``max|x| / 127``, codes rounded half away from zero, and the float sum of the
+sub-block (for the weights' offsets). The codes are stored as words ``xq[c, a, j]`` (byte t:
+element ``W*j + 4a + t`` of chunk c), so that a GEMV thread's four words of a weight group meet
+their activations in one word per field.
+
+``quantize_chunk`` is the one implementation: ``quantize_x_kernel`` runs it once per chunk (a
+launch of its own before the GEMV), and a GEMV with ``QX`` runs it for its own chunks in its
+prologue (no launch: every program of a split rounds the same chunks and stores the same words).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from shared.kernels.qmatmul.packed import PackedWeight
+from shared.kernels.qmatmul.packed_gemm import fields
+
+__all__ = ["int8_buffers", "prepare_int8", "quantize_chunk", "quantize_x_kernel"]
+
+
+@triton.jit
+def quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W: tl.constexpr, G: tl.constexpr):
+    """Chunk c of x (W * G elements, sub-block j = elements W*j .. W*j + W - 1): int8 codes as
+    words ``xq[c, a, j]``, the scale ``xd[c, j] = max|x| / 127`` and the float sum
+    ``xs[c, j]`` of each sub-block."""
+    j = tl.arange(0, G)
+    x = tl.load(x_ptr + c * (W * G) + j[:, None] * W + tl.arange(0, W)[None, :]).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    v = x * inv[:, None]
+    q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32) & 0xFF
+    e, o = tl.split(tl.reshape(q, (G, W // 4, 2, 2)))  # byte t = 2 * (t // 2) + t % 2
+    q0, q2 = tl.split(e)
+    q1, q3 = tl.split(o)
+    word = q0 | (q1 << 8) | (q2 << 16) | (q3 << 24)  # [G, W / 4]
+    at = (c * (W // 4) + tl.arange(0, W // 4)[None, :]) * G + j[:, None]
+    tl.store(xq_ptr + at, word)
+    tl.store(xd_ptr + c * G + j, amax / 127.0)
+    tl.store(xs_ptr + c * G + j, tl.sum(x, axis=1))
+
+
+@triton.jit
+def quantize_x_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
+    """One chunk a program (``program_id(0)``)."""
+    quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, tl.program_id(0), W, G)
+
+
+def int8_buffers(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
+    """Empty (xq, xd, xs) for x [K] over pw's layout."""
+    f = fields(pw)
+    k = pw.shape[1]
+    chunks = k // (f["W"] * f["G"])
+    xq = torch.empty(k // 4, dtype=torch.int32, device=x.device)
+    xd = torch.empty(chunks * f["G"], dtype=torch.float32, device=x.device)
+    return xq, xd, torch.empty_like(xd)
+
+
+def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
+    """x [K] -> (xq, xd, xs) for the int8 GEMVs over pw's layout (one small launch)."""
+    xq, xd, xs = int8_buffers(x, pw)
+    f = fields(pw)
+    quantize_x_kernel[(xd.numel() // f["G"],)](x, xq, xd, xs, W=f["W"], G=f["G"], num_warps=1)
+    return xq, xd, xs

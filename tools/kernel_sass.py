@@ -76,14 +76,14 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [xf, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides, MAGIC]
         consts = {**fields, "BLOCK_N": 64, "SPLITS": 2, "V": 4, "ACT": act}
         return gv.gemv_factored_kernel, args, consts
-    if kind == "gemv-i8":  # the int8-activation GEMV (packed_int8): codes, scales, sums
+    if kind in ("gemv-i8", "gemv-i8q"):  # the int8-activation GEMV (packed_int8); q: with QX
         i8 = importlib.import_module("shared.kernels.qmatmul.packed_int8")
         g = fields["G"]
         xq = torch.empty(k // 4, dtype=torch.int32)
         xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
         args = [x, xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
         consts = {**fields, "BLOCK_N": 128, "SPLITS": 2, "TPR": 1, "PREFETCH": True, "ACT": act}
-        return i8.gemv_int8_kernel, args, {**consts, "QX": False}
+        return i8.gemv_int8_kernel, args, {**consts, "QX": kind == "gemv-i8q"}
     if kind == "gemv-i8t":  # the int8-activation GEMV over one coalesced tile (packed_int8_tile)
         it = importlib.import_module("shared.kernels.qmatmul.packed_int8_tile")
         g = fields["G"]
@@ -114,9 +114,9 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
 
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
-    """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations), gemv-i8t (its one-tile
-    variant: no loop, so its count is the whole kernel), gemm or gemm-w (one dot a
-    chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights, Q4_K / Q6_K) and x16 (its
+    """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations; gemv-i8q: rounding them in
+    its prologue), gemv-i8t (its one-tile variant: no loop, so its count is the whole
+    kernel), gemm or gemm-w (one dot a chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights, Q4_K / Q6_K) and x16 (its
     activation conversion) or dequant; "-act" adds
     the gated SiLU epilogue."""
     pw = _weight(qtype, 4096, 4096)
@@ -272,10 +272,10 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-w", 16, 4), ("gemm", 64, 4), ("gemm-w", 64, 4), ("dequant", 1, 4),
              ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4),
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
-             ("gemv-i8t", 1, 4))  # fmt: skip
+             ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
-            if kind in ("gemv-i8", "gemv-i8t") and qtype not in INT8_TYPES:
+            if kind in ("gemv-i8", "gemv-i8t", "gemv-i8q") and qtype not in INT8_TYPES:
                 continue
             if kind in ("gemm-16", "gemm-16-act", "x16") and qtype not in F16_TYPES:
                 continue
@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{qtype.name} {kind} M={m}: compiled for sm_{args.arch}")
                 continue
             count, ops = loop_stats(compiled.asm["cubin"])
-            rows = {"gemv": 16, "gemv-f": 64, "gemv-i8": 128}.get(kind.removesuffix("-act"), 32)
+            rows = {"gemv": 16, "gemv-f": 64, "gemv-i8": 128, "gemv-i8q": 128}.get(
+                kind.removesuffix("-act"), 32
+            )
             weights = rows * CHUNK[qtype] / (warps * 32)
             if kind == "gemv-i8t":  # no chunk loop: the whole kernel, 16 rows x half of K
                 count, ops = whole_stats(compiled.asm["cubin"])

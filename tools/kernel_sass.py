@@ -115,10 +115,10 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
 
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
     """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations; gemv-i8q: rounding them in
-    its prologue), gemv-i8t (its one-tile variant: no loop, so its count is the whole
-    kernel), gemm or gemm-w (one dot a chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights, Q4_K / Q6_K) and x16 (its
-    activation conversion) or dequant; "-act" adds
-    the gated SiLU epilogue."""
+    its prologue), gemv-i8t (its one-tile variant: no loop, so its count is the whole kernel),
+    gemm or gemm-w (one dot a chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights,
+    Q4_K / Q6_K) and x16 (its activation conversion) or dequant; "-act" adds the gated SiLU
+    epilogue."""
     pw = _weight(qtype, 4096, 4096)
     fn, args, consts = _launch_args(kind, pw, m)
     names = fn.arg_names

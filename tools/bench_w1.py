@@ -3,7 +3,8 @@
     python -m tools.bench_w1 MODEL.gguf [MODEL.gguf ...] [--prompt 512] [--gen 128] [--runs 3]
 
 Per model: a 512-token prompt of random ids (prefix caching off, so every run prefills), then
-128 tokens generated greedily with EOS ignored. Prints one JSON line per model: prefill tok/s
+128 tokens generated greedily with EOS ignored, with overlapped steps as the server runs them
+(``--no-overlap``: one step at a time, the host's work between steps exposed). Prints one JSON line per model: prefill tok/s
 (prompt tokens / time to the first token), decode tok/s (tokens after the first / their time),
 the median over the runs, and the HBM bound: file bytes / 4.3 TB/s.
 """
@@ -84,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--overlap", action="store_true", help="overlapped engine steps")
+    p.add_argument(
+        "--overlap", action=argparse.BooleanOptionalAction, default=True,
+        help="overlapped engine steps, as the server runs them by default (--no-overlap: one "
+        "step at a time; the W1 figures of BENCHMARKS.md up to (r) ran that way)",
+    )  # fmt: skip
     a = p.parse_args(argv)
     for path in a.models:
         result = bench(path, a.device, a.prompt, a.gen, a.runs, a.overlap)

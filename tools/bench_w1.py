@@ -5,8 +5,9 @@
 Per model: a 512-token prompt of random ids (prefix caching off, so every run prefills), then
 128 tokens generated greedily with EOS ignored, with overlapped steps as the server runs them
 (``--no-overlap``: one step at a time, the host's work between steps exposed). Prints one
-JSON line per model: prefill tok/s (prompt tokens / time to the first token), decode tok/s (tokens after the first / their time),
-the median over the runs, and the HBM bound: file bytes / 4.3 TB/s.
+JSON line per model: prefill tok/s (prompt tokens / time to the first token), decode tok/s
+(tokens after the first / their time), the median over the runs, and the HBM bound: file
+bytes / 4.3 TB/s.
 """
 
 from __future__ import annotations

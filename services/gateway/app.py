@@ -18,6 +18,7 @@ from services.gateway import openai_api, tokenize_api
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import ApiError
 from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.router import Router
 from services.gateway.served_model import ServedModel
 from services.gateway.state import CLIENT_CLOSED, FINAL_STATUS, GATEWAY, Gateway
@@ -38,6 +39,7 @@ def create_app(config: GatewayConfig, model: ServedModel | None = None) -> web.A
         model=model,
         router=Router(config.worker_bind, config.tokens_bind, config.heartbeat_timeout_s),
         metrics=GatewayMetrics(),
+        prompts=PromptEncoder(model.tokenizer),
     )
     app = web.Application(middlewares=[_middleware(gw)], client_max_size=MAX_BODY_BYTES)
     app[GATEWAY] = gw

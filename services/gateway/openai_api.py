@@ -8,7 +8,6 @@ Errors before the first event are ordinary JSON error responses; after it, a str
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import jinja2
@@ -28,16 +27,6 @@ from services.gateway.streaming import SseWriter
 from shared.tokenizer import ChatTemplateError, NoChatTemplate
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy endpoint
-# Longer texts are tokenized on a thread, so that the event loop keeps streaming meanwhile
-# (32k tokens took 60-90 ms on a 2-core machine). That helps where the tokenizer releases the
-# GIL: byte-level BPE does for long texts (shared/tokenizer/bpe.py), SentencePiece does not.
-THREAD_ENCODE_CHARS = 8192
-
-
-async def _encode(tok, text: str, add_special: bool) -> list[int]:
-    if len(text) <= THREAD_ENCODE_CHARS:
-        return tok.encode(text, add_special=add_special, special=True)
-    return await asyncio.to_thread(tok.encode, text, add_special=add_special, special=True)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -48,7 +37,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     _check_model(gw, req.model)
     if isinstance(req.prompt, str):
         # Special-token text in a raw prompt becomes those tokens, as in llama-server.
-        prompt_ids = await _encode(tok, req.prompt, add_special=True)
+        prompt_ids = await gw.prompts.encode(req.prompt, add_special=True)
         echo = req.prompt if req.echo else ""
     else:
         prompt_ids = req.prompt
@@ -72,7 +61,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise invalid(str(exc), "messages") from None
     except jinja2.TemplateError as exc:  # a broken template is the model's fault, not the user's
         raise ApiError(500, f"the model's chat template failed: {exc}") from None
-    prompt_ids = await _encode(gw.model.tokenizer, text, add_special=False)
+    prompt_ids = await gw.prompts.encode(text, add_special=False)
     want_logprobs = req.params.sampling.logprobs is not None
     fmt = ChatFormat(gw.model.name, want_logprobs, req.params.include_usage)
     return await _generate(request, gw, prompt_ids, req.params, "messages", fmt, arrived)

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from services.gateway.config import GatewayConfig
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.prompt_encoder import PromptEncoder
 from services.gateway.router import Router
 from services.gateway.served_model import ServedModel
 
@@ -18,6 +19,7 @@ class Gateway:
     model: ServedModel
     router: Router
     metrics: GatewayMetrics
+    prompts: PromptEncoder  # text -> ids off the event loop for long texts
 
     def max_model_len(self) -> int:
         """The longest sequence a request may have: what the ready workers take, or before

@@ -14,12 +14,13 @@ from services.gateway.state import GATEWAY
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    tok = request.app[GATEWAY].model.tokenizer
+    gw = request.app[GATEWAY]
+    tok = gw.model.tokenizer
     f = Fields(decode_body(await request.read()))
     content = f.get("content")
     if not isinstance(content, str):
         raise invalid("'content' must be a string", "content")
-    ids = tok.encode(
+    ids = await gw.prompts.encode(
         content,
         add_special=f.boolean("add_special", False),
         special=f.boolean("parse_special", True),

@@ -15,6 +15,12 @@ activations, and the int32 sum meets the sub-block's scales in float32 at once (
 group belong to different sub-blocks). The offsets (``shift_j * sum(x)``, once per sub-block and
 row) are a separate ``[BLOCK_N, CH, G]`` tile, not work for every group.
 
+Measured on the H200 (BENCHMARKS.md 2026-11-30 (r)): the excess sectors are gone, but the
+kernel is L1-bound instead (78.8 % L1/TEX, 27.6 % DRAM at 28672 x 4096): every thread loads its
+own groups' activations, activation scales and sub-block scales, about 4.5 bytes of L1 traffic
+per weight byte. It lost 16 of 18 batch-1 shapes to ``gemv_int8_kernel`` and is a candidate of
+the full tuning only.
+
 Same result as ``gemv_int8_kernel`` up to float32 summation order: the activations are rounded
 by the same ``int8_activations.prepare_int8``. Types: ``packed_int8.INT8_TYPES``.
 """

@@ -56,7 +56,12 @@ def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[d
             *(
                 {"BLOCK_N": b, "num_warps": w, "INT8": 1, "TILE": 1, "CH": ch}
                 for b, w, ch in INT8_TILE_TILES
-            ),  # fmt: skip
+            ),
+            *(  # the prefetching int8 GEMVs rounding their activations in the prologue
+                {"BLOCK_N": b, "num_warps": w, "INT8": 1, "TPR": t, "PREFETCH": 1, "QX": 1}
+                for b, w, t, f in INT8_TILES
+                if f
+            ),
         ]
     if m <= 64:
         bm, stages = min(64, max(16, m)), 2 if m <= 16 else 3
@@ -75,6 +80,7 @@ def label(cfg: dict) -> str:
         if cfg.get(key):
             tpr = f",tpr{cfg['TPR']}" if "TPR" in cfg else ""
             tpr += f",tile{cfg['CH']}" if cfg.get("TILE") else ""
+            tpr += ",qx" if cfg.get("QX") else ""
             tpr += ",pf" if cfg.get("PREFETCH") else ""
             return f"{key.lower()}({cfg.get('BLOCK_N', '')},{cfg.get('num_warps', '')}{tpr})"
     return f"tiles({cfg.get('BLOCK_M', 1)}x{cfg['BLOCK_N']},{cfg.get('num_warps', '')})"

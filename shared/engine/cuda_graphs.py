@@ -130,10 +130,11 @@ class StepGraphs:
                 del out  # its memory returns to the pool for the next capture
             self.pool = graph.pool()
             self.graphs[key] = graph
-        # A graph's first replay uploads it to the device: 130-230 ms for a mixed step on the
-        # H200 (BENCHMARKS.md 2026-11-30 (n)), a stall the streams would see when a bucket is
-        # first used while serving. The inputs still hold the capture's padding (no query, no
-        # KV write), so these replays change nothing.
+        # A graph's first replay uploads it to the device. Each graph is replayed once here so
+        # that a bucket's first use while serving does not pay that. This alone did not remove
+        # the 175-267 ms first mixed step of a fresh H200 server (BENCHMARKS.md 2026-11-30 (o));
+        # the start-up generation (warm_up.py) did ((q)). The inputs still hold the capture's
+        # padding (no query, no KV write), so these replays change nothing.
         for graph in self.graphs.values():
             graph.replay()
         torch.cuda.synchronize(self.device)

@@ -259,10 +259,13 @@ def _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX: tl.constexpr, W: tl.
                  G: tl.constexpr):  # fmt: skip
     """With QX: chunks c0 .. c1 - 1 of x rounded to int8 into the program's (shared) buffers,
     then a barrier, so that every thread of the program reads them. Every program of the split
-    stores the same words."""
+    stores the same words. (A while loop: the interpreter cannot range() over tensor bounds,
+    triton#9171.)"""
     if QX:
-        for c in range(c0, c1):
+        c = c0
+        while c < c1:
             quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W, G)
+            c += 1
         tl.debug_barrier()
 
 
@@ -293,11 +296,7 @@ def gemv_int8_kernel(
     c1 = tl.minimum(c0 + per_split, n_chunks)
     acc = tl.zeros((BLOCK_N, TPR), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
-        if QX:
-            c = c0
-            while c < c1:
-                quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W, G)
-                c += 1
+        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         c = c0
         while c < c1:
             cur = _load(

@@ -185,9 +185,11 @@ def packed_matmul(
     interp = interpreted(_gemv_kernel)
     if m == 1:
         tiles = triton.cdiv(n, cfg["BLOCK_N"])
-        splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=8)
-        if cfg.get("TILE") and cfg.get("INT8") and pw.qtype in INT8_TYPES:
-            splits = triton.cdiv(n_chunks, cfg.get("CH", 8))  # CH chunks a program's tile
+        int8 = cfg.get("INT8") and pw.qtype in INT8_TYPES  # int8 activations, dp4a
+        if int8 and cfg.get("TILE"):  # one coalesced tile of CH chunks a program
+            splits = triton.cdiv(n_chunks, cfg.get("CH", 8))
+        else:
+            splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=8)
         per_split = triton.cdiv(n_chunks, splits)
         splits = triton.cdiv(n_chunks, per_split)
         unroll = per_split if cfg.get("UNROLL") else 0
@@ -196,8 +198,8 @@ def packed_matmul(
             part = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (tiles, splits)
         targets = (out, part, pw.tickets)
-        if cfg.get("INT8") and pw.qtype in INT8_TYPES:  # int8 activations, dp4a
-            launch = launch_int8_tile if cfg.get("TILE") else launch_int8  # one coalesced tile
+        if int8:
+            launch = launch_int8_tile if cfg.get("TILE") else launch_int8
             launch(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp)
         elif cfg.get("FACTOR"):  # codes times activations summed first, scaled once a sub-block
             xf = torch.empty(k, dtype=torch.float32, device=x.device)

@@ -55,7 +55,7 @@ def test_big_batches_use_the_copy_small_ones_the_planes(qtype: T, monkeypatch) -
     assert torch.equal(layer.dense_copy, unpack(layer.packed))  # float32: the exact values
     seen = _calls(monkeypatch)
     for m in (1, 4, 5, 9):
-        x = torch.randn(m, K, device=DEVICE)
+        x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).to(DEVICE)
         want = x.double() @ unpack(layer.packed).double().T
         torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4)
     assert seen == [False, False, True, True]
@@ -68,7 +68,9 @@ def test_gated_layers_use_the_copy_with_the_activation(act: int, monkeypatch) ->
     layer = GatedLinear(fused, act)
     add_dense_copies(torch.nn.Sequential(layer), "on", rows=2)
     seen = _calls(monkeypatch)
-    x = torch.randn(6, K, device=DEVICE)
+    # seeded: float32 products of these random blocks miss the 1e-4 tolerance for about 2 % of
+    # inputs, and the global generator's state depends on the tests that ran before
+    x = torch.randn(6, K, generator=torch.Generator().manual_seed(act)).to(DEVICE)
     y = x.double() @ unpack(fused.packed).double().T
     g, u = y[:, 0::2], y[:, 1::2]
     want = (F.silu(g) if act == 1 else F.gelu(g, approximate="tanh")) * u

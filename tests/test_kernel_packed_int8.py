@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.device import interpreted
 from shared.kernels.qmatmul.int8_activations import prepare_int8
-from shared.kernels.qmatmul.int8_ops import dp4a, even_odd, transpose4
+from shared.kernels.qmatmul.int8_ops import dot4, dp4a, even_odd, transpose4
 from shared.kernels.qmatmul.packed import WORDS, pack, unpack
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
@@ -50,6 +50,8 @@ def _ops_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N: tl.constexpr, INTERPRETED: tl.c
     e, o = even_odd(a, b, INTERPRETED)
     tl.store(out_ptr + 6 * N + i, e)
     tl.store(out_ptr + 7 * N + i, o)
+    tl.store(out_ptr + 8 * N + i, dot4(a, b, False, INTERPRETED))
+    tl.store(out_ptr + 9 * N + i, dot4(a, b, True, INTERPRETED))
 
 
 def test_byte_operations_match_numpy() -> None:
@@ -57,10 +59,10 @@ def test_byte_operations_match_numpy() -> None:
     rng = np.random.default_rng(0)
     a, b, c = (rng.integers(-(2**31), 2**31, n, dtype=np.int64).astype(np.int32) for _ in range(3))
     c = (c >> 8).astype(np.int32)  # room for the sums
-    out = torch.empty(8 * n, dtype=torch.int32, device=DEVICE)
+    out = torch.empty(10 * n, dtype=torch.int32, device=DEVICE)
     args = [torch.from_numpy(v).to(DEVICE) for v in (a, b, c)]
     _ops_kernel[(1,)](*args, out, N=n, INTERPRETED=interpreted(_ops_kernel))
-    got = out.cpu().numpy().reshape(8, n)
+    got = out.cpu().numpy().reshape(10, n)
 
     def by(w):  # bytes, unsigned [n, 4]
         return w.view(np.uint8).reshape(n, 4).astype(np.int64)
@@ -71,6 +73,8 @@ def test_byte_operations_match_numpy() -> None:
     sa = np.where(ua > 127, ua - 256, ua)
     np.testing.assert_array_equal(got[0], c + (ua * sb).sum(1))
     np.testing.assert_array_equal(got[1], c + (sa * sb).sum(1))
+    np.testing.assert_array_equal(got[8], (ua * sb).sum(1))  # dot4: dp4a into zero
+    np.testing.assert_array_equal(got[9], (sa * sb).sum(1))
     words = np.stack([by(a), by(b), by(c), by(a ^ b)], axis=1)  # [n, word t, byte]
     for k in range(4):
         want = words[:, :, k].astype(np.uint8).copy().view(np.int32).reshape(n)

@@ -92,6 +92,14 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
         consts = {**fields, "BLOCK_N": 16, "CH": chunks // 2, "SPLITS": 2, "ACT": act}
         return it.gemv_int8_tile_kernel, args, consts
+    if kind in ("gemv-r8", "gemv-r8q"):  # over row-interleaved planes (packed_int8_rows)
+        ir = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows")
+        g = fields["G"]
+        xq = torch.empty(k // 4, dtype=torch.int32)
+        xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
+        args = [x, xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
+        consts = {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act}
+        return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemm-16":  # Q4_K / Q6_K weights formed in fp16 (packed_gemm16)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
         xh = torch.empty(m, k, dtype=torch.float16)
@@ -272,10 +280,11 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-w", 16, 4), ("gemm", 64, 4), ("gemm-w", 64, 4), ("dequant", 1, 4),
              ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4),
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
-             ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4))  # fmt: skip
+             ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
+             ("gemv-r8q", 1, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
-            if kind in ("gemv-i8", "gemv-i8t", "gemv-i8q") and qtype not in INT8_TYPES:
+            if kind.startswith(("gemv-i8", "gemv-r8")) and qtype not in INT8_TYPES:
                 continue
             if kind in ("gemm-16", "gemm-16-act", "x16") and qtype not in F16_TYPES:
                 continue
@@ -288,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{qtype.name} {kind} M={m}: compiled for sm_{args.arch}")
                 continue
             count, ops = loop_stats(compiled.asm["cubin"])
-            rows = {"gemv": 16, "gemv-f": 64, "gemv-i8": 128, "gemv-i8q": 128}.get(
+            rows = {"gemv": 16, "gemv-f": 64, "gemv-i8": 128, "gemv-i8q": 128, "gemv-r8": 128,
+                    "gemv-r8q": 128}.get(
                 kind.removesuffix("-act"), 32
             )
             weights = rows * CHUNK[qtype] / (warps * 32)

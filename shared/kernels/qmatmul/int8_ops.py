@@ -3,7 +3,8 @@ kernel is compiled for a GPU, the same results from plain integer arithmetic und
 interpreter (which cannot run inline assembly).
 
 - ``dp4a``: the four bytes of a times the four signed bytes of b, summed into c (one
-  instruction: ``dp4a``); a's bytes unsigned (``SIGNED_A`` 0) or signed.
+  instruction: ``dp4a``); a's bytes unsigned (``SIGNED_A`` 0) or signed. ``dot4``: the same
+  into zero.
 - ``transpose4``: a 4 x 4 byte transpose of four words, (w0, w1, w2, w3) -> (B0, B1, B2, B3) with
   byte t of Bb = byte b of wt (eight ``prmt``).
 - ``even_odd``: the even bytes (0, 2, 4, 6) and the odd bytes of a 64-bit pair (lo, hi) as two
@@ -46,6 +47,21 @@ def dp4a(a, b, c, SIGNED_A: tl.constexpr, INTERPRETED: tl.constexpr):
         )  # fmt: skip
     return tl.inline_asm_elementwise(
         "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def dot4(a, b, SIGNED_A: tl.constexpr, INTERPRETED: tl.constexpr):
+    """sum_t byte_t(a) * signed byte_t(b) (int32): dp4a with a zero accumulator in the
+    instruction (no register to clear)."""
+    if INTERPRETED:
+        return dp4a(a, b, tl.zeros_like(a), SIGNED_A, True)
+    if SIGNED_A:
+        return tl.inline_asm_elementwise(
+            "dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+        )
+    return tl.inline_asm_elementwise(
+        "dp4a.u32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
     )
 
 

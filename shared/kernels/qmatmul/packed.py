@@ -70,6 +70,8 @@ class PackedWeight:
     mn: torch.Tensor | None = None
     dmin: torch.Tensor | None = None
     hi: torch.Tensor | None = None
+    # planes row-interleaved in tiles of 32 rows (packed_rows); only packed_int8_rows reads them
+    rows32: bool = False
     # split-K tickets of the GEMVs (split_tickets): one int32 counter a row, zero between launches
     tickets: torch.Tensor = field(init=False, repr=False, compare=False)
 

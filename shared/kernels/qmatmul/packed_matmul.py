@@ -40,7 +40,9 @@ from shared.kernels.qmatmul.packed_gemm import (
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES, launch_gemm16
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
+from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows
 from shared.kernels.qmatmul.packed_int8_tile import launch_int8_tile
+from shared.kernels.qmatmul.packed_rows import ROWS
 from shared.kernels.qmatmul.split_tickets import finish_rows
 from shared.ops.activation import gelu_mul, silu_mul
 
@@ -183,6 +185,11 @@ def packed_matmul(
     n_chunks = k // CHUNK[pw.qtype]
     cfg = config or default_config(m, n, k, x.device, pw.qtype, dtype=x.dtype)
     interp = interpreted(_gemv_kernel)
+    if pw.rows32:  # row-interleaved planes: only the rows GEMV reads them
+        if m != 1 or pw.qtype not in ROWS_TYPES:
+            raise ValueError(f"packed_matmul: an interleaved {pw.qtype.name} weight takes one row")
+        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp)
+        return out
     if m == 1:
         tiles = triton.cdiv(n, cfg["BLOCK_N"])
         int8 = cfg.get("INT8") and pw.qtype in INT8_TYPES  # int8 activations, dp4a
@@ -238,6 +245,21 @@ def packed_matmul(
     except triton.runtime.errors.OutOfResources:
         launch_gemm(x, pw, out, SMALL_TILE, interp, act)  # a tile tuned for another dtype
     return out
+
+
+def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp) -> None:
+    """The int8 GEMV over row-interleaved planes (packed_int8_rows): a tile of 32 rows a
+    program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
+    flight."""
+    tiles = triton.cdiv(pw.shape[0], ROWS)
+    splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=16)
+    per_split = triton.cdiv(n_chunks, splits)
+    splits = triton.cdiv(n_chunks, per_split)
+    part = out
+    if splits > 1:
+        part = torch.empty((splits, pw.shape[0]), dtype=torch.float32, device=x.device)
+    targets = (out, part, pw.tickets)
+    launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp)
 
 
 # the gated activations of act= in torch (GatedLinear's fallback); the keys are the valid act

@@ -1,0 +1,310 @@
+"""The int8-activation GEMV over row-interleaved planes (``packed_rows``): a thread a row.
+
+``packed_int8``'s threads each read whole chunks of one row, so a warp's 128-bit load touches
+32 rows (one sector each, fetched again by the next load: ncu on the H200 counted 56 % excess
+L2 sectors, BENCHMARKS.md 2026-11-30 (r)); its one-tile variant coalesces by spreading a row
+over threads and becomes L1-bound reading every thread's own activations and scales. Here the
+planes are interleaved in tiles of 32 rows, and a warp owns a tile:
+
+- thread t of a warp is row t of the tile. One 128-bit load per thread reads four words of
+  the row, and the warp's 32 loads are 512 contiguous bytes (the interleaved unit);
+- the activations of those words are the same for every row: one broadcast load serves the
+  warp (int8 codes from ``int8_activations``, as ``packed_int8`` rounds them);
+- the warps of a program (``num_warps``) take successive chunks of the program's split, so a
+  chunk's four-word groups stay in one thread: its int32 sums per sub-block need no shuffle,
+  and the scales meet them once per chunk (``scale_j * dx_j * sum(q * xq) - shift_j * sum(x)``);
+- split-K over a second grid axis, the last program of a tile adding the partials
+  (``split_tickets``).
+
+The result equals ``packed_int8``'s up to float32 summation order (the same rounded
+activations, the same integer sums per sub-block): tests/test_kernel_packed_int8_rows.py.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
+from shared.kernels.qmatmul.int8_ops import dot4
+from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
+from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
+from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, _codes, _round_split
+from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
+from shared.kernels.qmatmul.split_tickets import finish_rows
+
+__all__ = ["ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows"]
+
+ROWS_TYPES = INT8_TYPES
+ROWS = tl.constexpr(_ROWS)
+
+
+# Shapes put the rows first: Triton orders a load's dimensions by contiguity and then by
+# index, so the 32 lanes of a warp go to the rows (axis 0), the warps to the chunks in flight
+# (axis 1) and a chunk's groups stay in each thread's registers (axis 2): every tensor of the
+# loop then has one layout and nothing moves between threads before the final sum.
+
+
+@triton.jit
+def _unit_words(ptr, tile, stride, c, r, U: tl.constexpr):
+    """The unit of chunk c ([1, KW]) of rows r ([32, 1]) in an interleaved plane of U 64-bit
+    words a unit: (word 0, word 1) as int64 ([32, KW] each; word 1 = word 0 when U is 1)."""
+    base = ptr.to(tl.pointer_type(tl.int64)) + tile * ROWS * stride
+    at = (c * ROWS + r) * U
+    w0 = tl.load(base + at)
+    w1 = w0
+    if U == 2:
+        w1 = tl.load(base + at + 1)
+    return w0, w1
+
+
+@triton.jit
+def _per_row(ptr, tile, stride, e, r):
+    """One fp16 entry a row: entry e ([1, KW]) of an interleaved unit-1 plane -> float32."""
+    return tl.load(ptr + tile * ROWS * stride + e * ROWS + r).to(tl.float32)
+
+
+@triton.jit
+def _half(s0, s1, J: tl.constexpr):
+    src = s0
+    if J >= 4:
+        src = s1
+    bits = ((src >> (16 * (J % 4))) & 0xFFFF).to(tl.int16)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _byte(s, J: tl.constexpr, SIGNED: tl.constexpr):
+    b = ((s >> (8 * J)) & 0xFF).to(tl.int32)
+    if SIGNED:
+        b = (b ^ 0x80) - 0x80
+    return b.to(tl.float32)
+
+
+@triton.jit
+def _scales(QTYPE: tl.constexpr, HI: tl.constexpr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c, r,
+            stride_s, stride_d):  # fmt: skip
+    """Chunk c's scale words of the rows: (a0, a1, b0, b1, fa, fb) with weight
+    ``fa * a_j * q - fb * b_j`` for sub-block j (a_j, b_j taken out of the words by ``_pair``)."""
+    if QTYPE == Q8_0:  # four fp16 d: one 64-bit word
+        a0, a1 = _unit_words(d_ptr, tile, stride_s // 4, c, r, 1)
+        fa = tl.full(a0.shape, 1.0, dtype=tl.float32)
+        return a0, a1, a0, a1, fa, fa * 0.0
+    if QTYPE == Q6_K:  # eight int8 scales, d per 256 (every other chunk)
+        a0, a1 = _unit_words(sc_ptr, tile, stride_s // 8, c, r, 1)
+        d = _per_row(d_ptr, tile, stride_d, c // 2, r)
+        return a0, a1, a0, a1, d, 32.0 * d
+    if QTYPE >= Q4_K:  # eight scale bytes and eight min bytes, d and dmin per chunk
+        a0, a1 = _unit_words(sc_ptr, tile, stride_s // 8, c, r, 1)
+        b0, b1 = _unit_words(mn_ptr, tile, stride_s // 8, c, r, 1)
+        return a0, a1, b0, b1, _per_row(d_ptr, tile, stride_d, c, r), _per_row(
+            dmin_ptr, tile, stride_d, c, r
+        )
+    # legacy: eight fp16 d (and m) a chunk of 256: two 64-bit words
+    a0, a1 = _unit_words(d_ptr, tile, stride_s // 4, c, r, 2)
+    one = tl.full(a0.shape, 1.0, dtype=tl.float32)
+    if QTYPE % 2 == 1:
+        b0, b1 = _unit_words(mn_ptr, tile, stride_s // 4, c, r, 2)
+        return a0, a1, b0, b1, one, -one
+    if HI:
+        return a0, a1, a0, a1, one, one * 16.0
+    return a0, a1, a0, a1, one, one * 8.0
+
+
+@triton.jit
+def _pair(QTYPE: tl.constexpr, J: tl.constexpr, a0, a1, b0, b1):
+    """Sub-block J's (a_j, b_j) from _scales' words."""
+    if QTYPE == Q8_0:
+        a = _half(a0, a1, J)
+        return a, a
+    if QTYPE == Q6_K:
+        a = _byte(a0, J, True)
+        return a, a
+    if QTYPE >= Q4_K:
+        return _byte(a0, J, False), _byte(b0, J, False)
+    return _half(a0, a1, J), _half(b0, b1, J)
+
+
+@triton.jit
+def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+          tile, cb, c1, stride_q, stride_s, stride_d, W: tl.constexpr, KW: tl.constexpr):
+    # fmt: skip
+    """Every load of the chunks cb .. cb + KW - 1 (those below c1): the words [32, KW, NG, 4]
+    (row r's four words of group g of chunk cb + k), the high entries [32, KW, NG] and the
+    scale words (``_scales``, [32, KW] each)."""
+    NG: tl.constexpr = W // 4
+    r3 = tl.arange(0, ROWS)[:, None, None]
+    # chunks past c1 read chunk c1 - 1 (in bounds, unmasked: no registers to clear first);
+    # their activation scales are loaded as zero (_field), so they add nothing
+    k3 = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :, None]
+    unit = k3 * NG + tl.arange(0, NG)[None, None, :]  # [1, KW, NG]: the group's index
+    at = (unit * ROWS + r3) * 4  # [32, KW, NG]
+    words = tl.load(
+        q_ptr + tile * ROWS * stride_q + at[:, :, :, None] + tl.arange(0, 4)[None, None, None, :]
+    )
+    # the high entries of the group: loaded with a last axis of their own, as the words (a
+    # [32, KW, NG] load would be vectorized along the rows, another layout)
+    hi = at  # (no high plane: never read)
+    if QTYPE == Q6_K:  # four int16 entries: two words, as one int64
+        base = hi_ptr.to(tl.pointer_type(tl.int32)) + tile * ROWS * (stride_q // 2)
+        h2 = tl.load(
+            base + (unit * ROWS + r3)[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :]
+        )
+        lo, up = tl.split(h2)
+        hi = (lo.to(tl.int64) & 0xFFFFFFFF) | (up.to(tl.int64) << 32)
+    elif HI:  # four uint8 entries, as one word
+        base = hi_ptr.to(tl.pointer_type(tl.uint8)) + tile * ROWS * stride_q
+        h4 = tl.load(
+            base + (unit * ROWS + r3)[:, :, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+        ).to(tl.int32)
+        e, o = tl.split(tl.reshape(h4, (ROWS, KW, NG, 2, 2)))
+        b0, b2 = tl.split(e)
+        b1, b3 = tl.split(o)
+        hi = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
+    c = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :]
+    r = tl.arange(0, ROWS)[:, None]
+    meta = _scales(QTYPE, HI, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c, r, stride_s, stride_d)
+    return words, hi, meta
+
+
+@triton.jit
+def _x_words(xq_ptr, cb, c1, NG: tl.constexpr, KW: tl.constexpr, G: tl.constexpr, J0: tl.constexpr):
+    # fmt: skip
+    """The activation words of fields J0 .. J0 + 3 of every group, [32, KW, NG] each (the
+    same address for the 32 rows: one broadcast load a warp)."""
+    k = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :, None, None]  # as _load's
+    g = tl.arange(0, NG)[None, None, :, None]
+    at = (k * NG + g) * G + J0 + tl.arange(0, 4)[None, None, None, :]
+    x = tl.load(xq_ptr + tl.broadcast_to(at, (ROWS, KW, NG, 4)))
+    e, o = tl.split(tl.reshape(x, (ROWS, KW, NG, 2, 2)))
+    x0, x2 = tl.split(e)
+    x1, x3 = tl.split(o)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _field(part, add, n, x, xd_ptr, xs_ptr, a, b, c, live, J: tl.constexpr, G: tl.constexpr,
+           S: tl.constexpr, OFFSET: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
+    """Sub-block J of the chunks: part += a_J * dx_J * sum over groups of dp4a(codes, x),
+    add += b_J * sum(x_J)."""
+    isum = tl.sum(dot4(n, x, S, INTERPRETED), axis=2)  # [32, KW]
+    dx = tl.load(xd_ptr + c * G + J, mask=live, other=0.0)
+    part += a * (dx * isum.to(tl.float32))
+    if OFFSET:
+        add += b * tl.load(xs_ptr + c * G + J, mask=live, other=0.0)
+    return part, add
+
+
+@triton.jit
+def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0, b1, c, live,
+          QTYPE: tl.constexpr, J0: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
+          KW: tl.constexpr, S: tl.constexpr, OFFSET: tl.constexpr, INTERPRETED: tl.constexpr):
+    # fmt: skip
+    """Sub-blocks J0 .. J0 + 3: their codes n* ([32, KW * NG]) and activation words x*."""
+    shape: tl.constexpr = (ROWS, KW, NG)
+    a, b = _pair(QTYPE, J0, a0, a1, b0, b1)
+    part, add = _field(part, add, tl.reshape(n0, shape), x0, xd_ptr, xs_ptr, a, b, c, live,
+                       J0, G, S, OFFSET, INTERPRETED)  # fmt: skip
+    a, b = _pair(QTYPE, J0 + 1, a0, a1, b0, b1)
+    part, add = _field(part, add, tl.reshape(n1, shape), x1, xd_ptr, xs_ptr, a, b, c, live,
+                       J0 + 1, G, S, OFFSET, INTERPRETED)  # fmt: skip
+    a, b = _pair(QTYPE, J0 + 2, a0, a1, b0, b1)
+    part, add = _field(part, add, tl.reshape(n2, shape), x2, xd_ptr, xs_ptr, a, b, c, live,
+                       J0 + 2, G, S, OFFSET, INTERPRETED)  # fmt: skip
+    a, b = _pair(QTYPE, J0 + 3, a0, a1, b0, b1)
+    part, add = _field(part, add, tl.reshape(n3, shape), x3, xd_ptr, xs_ptr, a, b, c, live,
+                       J0 + 3, G, S, OFFSET, INTERPRETED)  # fmt: skip
+    return part, add
+
+
+@triton.jit
+def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, HI: tl.constexpr,
+             W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr, INTERPRETED: tl.constexpr):
+    # fmt: skip
+    """acc [32, KW] += the chunks' parts of the rows' dot products."""
+    NG: tl.constexpr = W // 4
+    S: tl.constexpr = QTYPE == Q8_0  # signed codes
+    OFFSET: tl.constexpr = QTYPE != Q8_0
+    words, hi, meta = loaded
+    a0, a1, b0, b1, fa, fb = meta
+    w4 = tl.reshape(words, (ROWS, KW * NG, 4))
+    n0, n1, n2, n3, n4, n5, n6, n7 = _codes(
+        QTYPE, HI, w4, tl.reshape(hi, (ROWS, KW * NG)), ROWS, KW * NG, INTERPRETED
+    )
+    c = tl.broadcast_to(cb + tl.arange(0, KW)[None, :], (ROWS, KW))
+    live = c < c1
+    part = tl.zeros((ROWS, KW), dtype=tl.float32)
+    add = tl.zeros((ROWS, KW), dtype=tl.float32)
+    x0, x1, x2, x3 = _x_words(xq_ptr, cb, c1, NG, KW, G, 0)
+    part, add = _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0, b1,
+                      c, live, QTYPE, 0, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
+    if G == 8:
+        x4, x5, x6, x7 = _x_words(xq_ptr, cb, c1, NG, KW, G, 4)
+        part, add = _four(part, add, n4, n5, n6, n7, x4, x5, x6, x7, xd_ptr, xs_ptr, a0, a1, b0,
+                          b1, c, live, QTYPE, 4, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
+    return acc + fa * part - fb * add
+
+
+@triton.jit
+def gemv_int8_rows_kernel(
+    x_ptr,  # [K] activations (read only with QX)
+    xq_ptr, xd_ptr, xs_ptr,  # the rounded activations (int8_activations) for the weight's (W, G)
+    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,  # row-interleaved planes (packed_rows)
+    out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
+    part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
+    N, n_chunks, per_split, stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr,
+    HI: tl.constexpr,
+    W: tl.constexpr,  # words per chunk
+    G: tl.constexpr,  # fields (sub-blocks) per word
+    KW: tl.constexpr,  # chunks in flight (one a warp with num_warps = KW)
+    SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
+    PREFETCH: tl.constexpr,  # request the next KW chunks before multiplying these
+    QX: tl.constexpr,  # round this split's activation chunks here (no launch of their own)
+    ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0).to(tl.int64)
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    c0 = tl.program_id(1) * per_split
+    c1 = tl.minimum(c0 + per_split, n_chunks)
+    acc = tl.zeros((ROWS, KW), dtype=tl.float32)
+    if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
+        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
+        cb = c0
+        while cb < c1:
+            cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
+                        stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, True)
+            cb += KW
+    elif not PREFETCH:
+        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
+        for cb in range(c0, c1, KW):
+            cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
+                        stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
+    else:
+        cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
+                    stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)  # the first loads in flight
+        for cb in range(c0, c1, KW):
+            nxt = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb + KW,
+                        c1, stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
+            cur = nxt
+    y = tl.sum(acc, axis=1)
+    finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
+
+
+def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp) -> None:
+    """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
+    partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg:
+    num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's."""
+    qx = bool(cfg.get("QX"))
+    xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
+    warps = cfg.get("num_warps", 4)
+    gemv_int8_rows_kernel[grid](
+        x, xq, xd, xs, *planes(pw), *targets, pw.shape[0], n_chunks, per_split, *strides(pw),
+        **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")), QX=qx,
+        ACT=act, INTERPRETED=interp, num_warps=warps,
+    )  # fmt: skip

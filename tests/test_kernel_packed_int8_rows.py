@@ -1,0 +1,109 @@
+"""The row-interleaved planes (shared/kernels/qmatmul/packed_rows.py) and the int8 GEMV that
+reads them (packed_int8_rows.py):
+
+- interleaving is a permutation: entry (r, e) lands where the layout says, and
+  ``deinterleave`` gives the packed weight back exactly;
+- the GEMV is ``x @ unpack(pw).T`` where the int8 rounding is exact, and equals
+  ``packed_int8``'s result (same rounding, same integer sums) up to float32 summation order
+  for random activations; ragged row tiles, splits, several chunks a warp, QX and the gated
+  epilogue included.
+
+Under TRITON_INTERPRET=1 the integer emulation runs; on a GPU the PTX."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as T
+
+from shared.kernels.qmatmul.packed import pack, unpack
+from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES
+from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from shared.kernels.qmatmul.packed_rows import ROWS, deinterleave, interleave, unit
+from tests.test_kernel_packed_int8 import _layout, representable
+from tests.test_kernel_packed_matmul import random_raw
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+TYPES = sorted(ROWS_TYPES)
+
+
+def _weight(qtype: T, n: int, k: int, seed: int):
+    return pack(random_raw(qtype, n, k, seed=seed).to(DEVICE), qtype, (n, k))
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_1, T.Q5_K], ids=lambda t: t.name)
+def test_interleaving_is_the_documented_permutation(qtype: T) -> None:
+    n, k = 45, 512  # a ragged second tile
+    pw = _weight(qtype, n, k, seed=1)
+    iw = interleave(pw)
+    assert iw.rows32 and iw.shape == pw.shape
+    for name in ("q", "hi", "sc", "mn", "d", "dmin"):
+        plane = getattr(pw, name)
+        if plane is None:
+            assert getattr(iw, name) is None
+            continue
+        u, e = unit(pw, name), plane.shape[1]
+        flat = getattr(iw, name).reshape(-1)
+        assert flat.numel() == 64 * e  # rows padded to two tiles
+        r = torch.arange(n).reshape(-1, 1)
+        c = torch.arange(e).reshape(1, -1)
+        at = (r // ROWS) * ROWS * e + ((c // u) * ROWS + r % ROWS) * u + c % u
+        assert torch.equal(flat[at.reshape(-1).to(DEVICE)].reshape(n, e), plane), name
+    back = deinterleave(iw)
+    for name in ("q", "hi", "sc", "mn", "d", "dmin"):
+        a, b = getattr(pw, name), getattr(back, name)
+        assert (a is None and b is None) or torch.equal(a, b), name
+    with pytest.raises(ValueError, match="interleaved already"):
+        interleave(iw)
+
+
+def _cfg(split: int, warps: int, **extra: int) -> dict:
+    return {"BLOCK_N": ROWS, "SPLIT_K": split, "num_warps": warps, "INT8": 1, "ROWS": 1, **extra}
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("split", "warps"), [(1, 1), (2, 2)])
+def test_exact_activations_give_the_product(qtype: T, split: int, warps: int) -> None:
+    n, k = 37, 1536  # a ragged row tile; 6 or 12 chunks, uneven per split and warp
+    pw = interleave(_weight(qtype, n, k, seed=int(qtype) + split))
+    x = representable(k, _layout(qtype)[0], seed=split).to(DEVICE)
+    want = x.double() @ unpack(deinterleave(pw)).double().T
+    got = packed_matmul(x, pw, torch.float32, config=_cfg(split, warps, PREFETCH=split > 1))
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qx", [0, 1])
+def test_random_activations_match_the_int8_gemv(qtype: T, qx: int) -> None:
+    n, k = 64, 1024
+    pw = _weight(qtype, n, k, seed=5)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    want = packed_matmul(x, pw, torch.float32, config={"BLOCK_N": 16, "num_warps": 1, "INT8": 1})
+    got = packed_matmul(x, interleave(pw), torch.float32, config=_cfg(3, 2, QX=qx))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
+def test_gated_epilogue(act: int) -> None:
+    n, k = 38, 512
+    pw = _weight(T.Q4_K, n, k, seed=act)
+    x = representable(k, 32, seed=act).to(DEVICE)
+    got = packed_matmul(x, interleave(pw), torch.float32, _cfg(2, 1), act=act)
+    y = x.double() @ unpack(pw).double().T
+    g, u = y[:, 0::2], y[:, 1::2]
+    want = (F.silu(g) if act == 1 else F.gelu(g, approximate="tanh")) * u
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+def test_an_interleaved_weight_needs_the_rows_gemv() -> None:
+    pw = interleave(_weight(T.Q4_K, 32, 256, seed=3))
+    x = torch.randn(2, 256, device=DEVICE)
+    with pytest.raises(ValueError, match="interleaved"):
+        packed_matmul(x, pw)

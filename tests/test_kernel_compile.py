@@ -1,7 +1,8 @@
 """The paged attention kernel (including its native FP8 path, which the interpreter cannot run)
 and every packed quantized-matmul kernel compile for Hopper (sm_90) on a machine without a GPU:
-the GEMVs (plain, factored and int8), the decode-batch GEMMs (float32-formed and, for Q4_K and
-Q6_K, fp16-formed weights) and the dequantizing pass, for every packed type. A kernel that
+the GEMVs (plain, factored, int8 and int8 over row-interleaved planes), the decode-batch GEMMs
+(float32-formed and, for Q4_K and Q6_K, fp16-formed weights) and the dequantizing pass, for
+every packed type. A kernel that
 the interpreter runs but the GPU compiler refuses (a Triton global that is not a constexpr, an
 unsupported cast) fails here instead of on the lent device."""
 
@@ -23,8 +24,8 @@ def test_packed_kernels_compile_for_sm90() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # paged attention (bf16 / FP8 cache x decode / prefill / prefill with the split count read on
-    # the device), 10 types x 10 packed variants, the
-    # int8 GEMV of the 8 types that have it (per-thread rows, the one-tile variant, and with
-    # the rounding in its prologue) and the fp16 GEMM (plain, gated, its activation conversion)
-    # of Q4_K and Q6_K
-    assert done.stdout.count("compiled for sm_90") == 6 + 100 + 3 * 8 + 6
+    # the device), 10 types x 12 packed variants (two over row-interleaved planes), the
+    # int8 GEMVs of the 8 types that have them (per-thread rows, the one-tile variant, with
+    # the rounding in its prologue, and the GEMV over interleaved planes with and without it)
+    # and the fp16 GEMM (plain, gated, its activation conversion) of Q4_K and Q6_K
+    assert done.stdout.count("compiled for sm_90") == 6 + 120 + 5 * 8 + 6

@@ -134,14 +134,18 @@ def test_exact_activations_give_the_product(qtype: T, split: int) -> None:
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_rounding_in_the_prologue_gives_the_same_result(qtype: T, prefetch: int) -> None:
     """QX: each program rounds its split's activation chunks itself (no launch before the
-    GEMV). Same rounding, same sums in the same order: the same bits as the separate launch."""
+    GEMV). The same codes and scales as the separate launch; the float sums of the sub-blocks
+    (for the offsets) are reduced in the program's own layout, so on a GPU their last bits may
+    differ (the H200 showed 1e-7 relative); the interpreter gives the same bits."""
     n, k = 37, 1024
     pw = pack(random_raw(qtype, n, k, seed=9).to(DEVICE), qtype, (n, k))
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(11)).to(DEVICE)
     cfg = {"BLOCK_N": 16, "SPLIT_K": 3, "num_warps": 2, "INT8": 1, "PREFETCH": prefetch}
     want = packed_matmul(x, pw, torch.float32, config=cfg)
     got = packed_matmul(x, pw, torch.float32, config={**cfg, "QX": 1})
-    assert torch.equal(got, want)
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
     exact = x.double() @ unpack(pw).double().T  # and it is the product (within the rounding)
     assert float((got.double() - exact).norm() / exact.norm()) < 2e-2
 

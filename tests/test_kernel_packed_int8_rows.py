@@ -102,8 +102,37 @@ def test_gated_epilogue(act: int) -> None:
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
 
 
-def test_an_interleaved_weight_needs_the_rows_gemv() -> None:
-    pw = interleave(_weight(T.Q4_K, 32, 256, seed=3))
-    x = torch.randn(2, 256, device=DEVICE)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "SPLIT_K": 2},
+        {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "WIDE": 1},
+        {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "F16": 1},
+        {"DEQUANT": 1},
+    ],
+    ids=["gemm", "wide", "f16", "dequant"],
+)
+def test_the_gemms_read_interleaved_planes_to_the_same_bits(qtype: T, cfg: dict) -> None:
+    """Decode batches and prefill multiply an interleaved weight with the plain kernels, whose
+    loads take the interleaved addresses (packed_chunk.entry): the same values in the same
+    order, so the same bits."""
+    n, k = 45, 512
+    pw = _weight(qtype, n, k, seed=4)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.float16)
+    want = packed_matmul(x, pw, torch.float32, config=cfg)
+    got = packed_matmul(x, interleave(pw), torch.float32, config=cfg)
+    assert torch.equal(got, want)
+
+
+def test_batch_one_configs_of_other_kernels_take_the_rows_gemv() -> None:
+    """An untuned shape's default batch-1 config names another kernel: the rows GEMV runs with
+    its own defaults; a batch-1 config cannot be used for more rows."""
+    pw = _weight(T.Q4_K, 32, 256, seed=3)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    cfg = {"BLOCK_N": 16, "num_warps": 1, "INT8": 1}
+    want = packed_matmul(x, pw, torch.float32, config=cfg)
+    got = packed_matmul(x, interleave(pw), torch.float32, config={"BLOCK_N": 16, "SPLIT_K": 1})
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     with pytest.raises(ValueError, match="interleaved"):
-        packed_matmul(x, pw)
+        packed_matmul(x.expand(2, -1), interleave(pw), config=cfg)

@@ -81,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{shipped_cfg})",
                 flush=True,
             )
-            best_rows[f"{int(qtype)}|{n}x{k}"] = {**(best or {}), "us": round(best_ms * 1e3, 2),
-                                                  "shipped_us": round(shipped * 1e3, 2)}
+            best_rows[f"{int(qtype)}|{n}x{k}"] = {
+                **(best or {}),
+                "us": round(best_ms * 1e3, 2),
+                "shipped_us": round(shipped * 1e3, 2),
+            }
             del copies, iw, pw
             torch.cuda.empty_cache()
     if args.json:

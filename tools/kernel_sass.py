@@ -66,6 +66,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     split = [out, torch.empty(2, n, dtype=torch.float32), pw.tickets]
     act = int(kind.endswith("-act"))  # the gated SiLU epilogue
     kind = kind.removesuffix("-act")
+    r32 = kind.endswith("-r32")  # over row-interleaved planes (packed_rows)
+    kind = kind.removesuffix("-r32")
     if kind == "gemv":
         args = [x, *_planes(pw), *split, n, chunks, chunks // 2, *strides, MAGIC]
         consts = {**fields, "BLOCK_N": 16, "SPLITS": 2, "UNROLL": 0, "ACT": act}
@@ -105,7 +107,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         xh = torch.empty(m, k, dtype=torch.float16)
         args = [xh, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
         tiles = {"QTYPE": int(pw.qtype), "W": WORDS[pw.qtype], "BLOCK_M": min(m, 64)}
-        tiles |= {"BLOCK_N": 32, "ACT": act}
+        tiles |= {"BLOCK_N": 32, "ACT": act, "R32": False}
         return g16._gemm16_kernel, args, {**tiles, "INTERPRETED": False}
     if kind == "x16":  # packed_gemm16's activation conversion (one row-chunk a program)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
@@ -115,9 +117,9 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
         args = [*_planes(pw), dense, n, *strides, k, MAGIC]
-        return dq._dequant_kernel, args, {**fields, "BLOCK_N": 32}
+        return dq._dequant_kernel, args, {**fields, "BLOCK_N": 32, "R32": r32}
     args = [x, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
-    tiles = {"BLOCK_M": min(m, 64), "BLOCK_N": 32, "WIDE": kind == "gemm-w", "ACT": act}
+    tiles = {"BLOCK_M": min(m, 64), "BLOCK_N": 32, "WIDE": kind == "gemm-w", "ACT": act, "R32": r32}
     return gm._gemm_kernel, args, {**fields, **tiles}
 
 
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
              ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4),
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
-             ("gemv-r8q", 1, 4))  # fmt: skip
+             ("gemv-r8q", 1, 4), ("gemm-w-r32", 64, 4), ("dequant-r32", 1, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
             if kind.startswith(("gemv-i8", "gemv-r8")) and qtype not in INT8_TYPES:
@@ -297,10 +299,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{qtype.name} {kind} M={m}: compiled for sm_{args.arch}")
                 continue
             count, ops = loop_stats(compiled.asm["cubin"])
-            rows = {"gemv": 16, "gemv-f": 64, "gemv-i8": 128, "gemv-i8q": 128, "gemv-r8": 128,
-                    "gemv-r8q": 128}.get(
-                kind.removesuffix("-act"), 32
-            )
+            rows = {
+                "gemv": 16,
+                "gemv-f": 64,
+                "gemv-i8": 128,
+                "gemv-i8q": 128,
+                "gemv-r8": 128,
+                "gemv-r8q": 128,
+            }.get(kind.removesuffix("-act"), 32)
             weights = rows * CHUNK[qtype] / (warps * 32)
             if kind == "gemv-i8t":  # no chunk loop: the whole kernel, 16 rows x half of K
                 count, ops = whole_stats(compiled.asm["cubin"])

@@ -34,6 +34,7 @@ from shared.kernels.qmatmul import (
 )
 from shared.kernels.qmatmul.packed import CHUNK
 from shared.kernels.qmatmul.packed_matmul import ACTS
+from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.quant import dequantize
 
@@ -74,6 +75,8 @@ class QuantLinear(nn.Module):
                 self.raw = None  # the dense copy is the same values; keep one
         elif use_kernels and qtype in PACKED_TYPES and shape[1] % CHUNK[qtype] == 0:
             self.packed = pack(raw, qtype, shape)
+            if self.packed.q.is_cuda and wants_rows(qtype):  # batch 1 on the rows GEMV
+                self.packed = interleave(self.packed)
             self.raw = None
         elif use_kernels and qtype in LEGACY_TYPES:
             self._gemv = quant_gemv_legacy

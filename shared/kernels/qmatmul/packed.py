@@ -70,7 +70,7 @@ class PackedWeight:
     mn: torch.Tensor | None = None
     dmin: torch.Tensor | None = None
     hi: torch.Tensor | None = None
-    # planes row-interleaved in tiles of 32 rows (packed_rows); only packed_int8_rows reads them
+    # planes row-interleaved in tiles of 32 rows (packed_rows)
     rows32: bool = False
     # split-K tickets of the GEMVs (split_tickets): one int32 counter a row, zero between launches
     tickets: torch.Tensor = field(init=False, repr=False, compare=False)
@@ -184,6 +184,10 @@ def _codes(words: torch.Tensor, bits: int, per_word: int, width: int = 32) -> to
 
 def unpack(pw: PackedWeight) -> torch.Tensor:
     """float32 ``[N, K]``: the packed weight dequantized, bit-identical to ``gguf.quants``."""
+    if pw.rows32:  # row-interleaved planes: the plain ones first
+        from shared.kernels.qmatmul.packed_rows import deinterleave  # (it imports this module)
+
+        pw = deinterleave(pw)
     n, k = pw.shape
     if pw.qtype == _T.Q8_0:
         q = _codes(pw.q, 8, 4).view(torch.int8).reshape(n, k // 32, 32)

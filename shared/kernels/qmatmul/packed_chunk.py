@@ -47,6 +47,16 @@ MAGIC = 0x4B000000  # the bits of 2^23: launchers pass it to the kernels (see _a
 
 
 @triton.jit
+def entry(R32: tl.constexpr, rows, e, stride, U: tl.constexpr):
+    """Offset of entry e of the rows in a plane of `stride` entries a row: ``rows * stride +
+    e``, or with R32 in the row-interleaved layout (``packed_rows``) whose units hold U
+    entries."""
+    if R32:
+        return (rows // 32) * (32 * stride) + ((e // U) * 32 + rows % 32) * U + e % U
+    return rows * stride + e
+
+
+@triton.jit
 def load_words(HI: tl.constexpr, q_ptr, hi_ptr, offs, mask):
     """Words at offs: (words, words >> 16, the high-bit plane's entries when HI, else w)."""
     w = tl.load(q_ptr + offs, mask=mask, other=0)
@@ -57,10 +67,12 @@ def load_words(HI: tl.constexpr, q_ptr, hi_ptr, offs, mask):
 
 
 @triton.jit
-def load_chunk(HI: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: tl.constexpr):
-    """Chunk c of the rows as [BLOCK_N, W] words (load_words)."""
+def load_chunk(
+    R32: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, rows, nmask, c, stride_q, W: tl.constexpr
+):
+    """Chunk c of the rows as [BLOCK_N, W] words (load_words); R32: row-interleaved planes."""
     i = tl.arange(0, W)
-    offs = rows[:, None] * stride_q + c * W + i[None, :]
+    offs = entry(R32, rows[:, None], c * W + i[None, :], stride_q, 4)
     return load_words(HI, q_ptr, hi_ptr, offs, nmask[:, None])
 
 
@@ -89,52 +101,58 @@ def _signed(b):
 
 
 @triton.jit
-def _words(ptr, rows, nmask, stride, c, PER: tl.constexpr, BYTES: tl.constexpr):
+def _words(R32: tl.constexpr, ptr, rows, nmask, stride, c, PER: tl.constexpr, BYTES: tl.constexpr):
     """The PER 64-bit words of chunk c in a plane of BYTES-byte entries with `stride` entries a
-    row (the chunk's entries are contiguous and 8-byte aligned: K is a multiple of the chunk)."""
-    base = ptr.to(tl.pointer_type(tl.int64)) + rows * (stride // (8 // BYTES)) + c * PER
-    w0 = tl.load(base, mask=nmask, other=0)
+    row (the chunk's entries are contiguous and 8-byte aligned: K is a multiple of the chunk;
+    interleaved, they are the plane's unit)."""
+    words = ptr.to(tl.pointer_type(tl.int64))
+    per_row = stride // (8 // BYTES)
+    w0 = tl.load(words + entry(R32, rows, c * PER, per_row, PER), mask=nmask, other=0)
     w1 = w0
     if PER == 2:
-        w1 = tl.load(base + 1, mask=nmask, other=0)
+        w1 = tl.load(words + entry(R32, rows, c * PER + 1, per_row, PER), mask=nmask, other=0)
     return w0, w1
 
 
 @triton.jit
 def load_meta(
-    QTYPE: tl.constexpr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
-):
+    R32: tl.constexpr, QTYPE: tl.constexpr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c,
+    stride_s, stride_d,
+):  # fmt: skip
     """Chunk c's scales of the rows: (s0, s1, m0, m1, d, dmin), [BLOCK_N] each. s0/s1 hold the
     per-sub-block scales (bytes, or fp16 for the legacy types and Q8_0), m0/m1 the mins, d/dmin
     the per-256 fp16 factors as float32; entries a type lacks repeat another (never read)."""
     if QTYPE == Q8_0:  # 4 fp16 d a chunk of 128
-        s0, s1 = _words(d_ptr, rows, nmask, stride_s, c, 1, 2)
+        s0, s1 = _words(R32, d_ptr, rows, nmask, stride_s, c, 1, 2)
         m0, m1 = s0, s1
         d = s0.to(tl.float32)
         dmin = d
     elif QTYPE == Q6_K:  # 8 int8 scales a chunk of 128, d per 256
-        s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 1, 1)
+        s0, s1 = _words(R32, sc_ptr, rows, nmask, stride_s, c, 1, 1)
         m0, m1 = s0, s1
-        d = tl.load(d_ptr + rows * stride_d + c // 2, mask=nmask, other=0).to(tl.float32)
+        d = tl.load(d_ptr + entry(R32, rows, c // 2, stride_d, 1), mask=nmask, other=0)
+        d = d.to(tl.float32)
         dmin = d
     elif QTYPE < Q2_K:  # legacy: 8 fp16 d (and m) a chunk of 256
-        s0, s1 = _words(d_ptr, rows, nmask, stride_s, c, 2, 2)
+        s0, s1 = _words(R32, d_ptr, rows, nmask, stride_s, c, 2, 2)
         m0, m1 = s0, s1
         if QTYPE % 2 == 1:
-            m0, m1 = _words(mn_ptr, rows, nmask, stride_s, c, 2, 2)
+            m0, m1 = _words(R32, mn_ptr, rows, nmask, stride_s, c, 2, 2)
         d = s0.to(tl.float32)
         dmin = d
     else:  # K-quants with chunks of 256: 16 (Q2_K, Q3_K) or 8 (+ 8 mins) scale bytes
         if QTYPE >= Q4_K:
-            s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 1, 1)
-            m0, m1 = _words(mn_ptr, rows, nmask, stride_s, c, 1, 1)
+            s0, s1 = _words(R32, sc_ptr, rows, nmask, stride_s, c, 1, 1)
+            m0, m1 = _words(R32, mn_ptr, rows, nmask, stride_s, c, 1, 1)
         else:
-            s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 2, 1)
+            s0, s1 = _words(R32, sc_ptr, rows, nmask, stride_s, c, 2, 1)
             m0, m1 = s0, s1
-        d = tl.load(d_ptr + rows * stride_d + c, mask=nmask, other=0).to(tl.float32)
+        d = tl.load(d_ptr + entry(R32, rows, c, stride_d, 1), mask=nmask, other=0)
+        d = d.to(tl.float32)
         dmin = d
         if QTYPE != Q3_K:
-            dmin = tl.load(dmin_ptr + rows * stride_d + c, mask=nmask, other=0).to(tl.float32)
+            dmin = tl.load(dmin_ptr + entry(R32, rows, c, stride_d, 1), mask=nmask, other=0)
+            dmin = dmin.to(tl.float32)
     return s0, s1, m0, m1, d, dmin
 
 

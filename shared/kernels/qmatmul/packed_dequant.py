@@ -37,14 +37,15 @@ def _dequant_kernel(
     W: tl.constexpr,
     G: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    R32: tl.constexpr,  # row-interleaved planes (packed_rows)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rows < N
     c = tl.program_id(1)
-    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    w, wh, h = load_chunk(R32, HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     s0, s1, m0, m1, d, dmin = load_meta(
-        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+        R32, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
     )
     i = tl.arange(0, W)
     out = out_ptr + rows[:, None] * stride_o + c * (W * G) + i[None, :]
@@ -66,6 +67,6 @@ def dequantize_packed(
     grid = (triton.cdiv(n, block_n), k // CHUNK[pw.qtype])
     _dequant_kernel[grid](
         *planes(pw), out, n, *strides(pw), out.stride(0), MAGIC, **fields(pw),
-        BLOCK_N=block_n, INTERPRETED=interpreted(_dequant_kernel), num_warps=4,
+        BLOCK_N=block_n, R32=pw.rows32, INTERPRETED=interpreted(_dequant_kernel), num_warps=4,
     )  # fmt: skip
     return out

@@ -132,13 +132,13 @@ def _gemm_step(
     acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
     stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
-    WIDE: tl.constexpr, INTERPRETED: tl.constexpr,
+    WIDE: tl.constexpr, R32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """Chunk c into acc: one dot a field (K = W, x_rows at column 0 of the field), or with WIDE
     one dot of K = W * G (x_rows at the row starts): fewer, larger tensor-core steps."""
-    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    w, wh, h = load_chunk(R32, HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     s0, s1, m0, m1, d, dmin = load_meta(
-        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+        R32, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
     )
     if WIDE:
         tile = _chunk_tile(QTYPE, HI, W, G, w, wh, h, s0, s1, m0, m1, d, dmin)
@@ -167,6 +167,7 @@ def _gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     WIDE: tl.constexpr,  # one dot of K = W * G a chunk (_gemm_chunk_wide)
+    R32: tl.constexpr,  # row-interleaved planes (packed_rows)
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up ([M, N / 2])
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
@@ -187,14 +188,14 @@ def _gemm_kernel(
         while c < c1:
             acc = _gemm_step(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, INTERPRETED,
+                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, R32, INTERPRETED,
             )  # fmt: skip
             c += 1
     else:
         for c in range(c0, c1):
             acc = _gemm_step(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, INTERPRETED,
+                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, R32, INTERPRETED,
             )  # fmt: skip
     store_tile(out_ptr, acc, rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N, ACT)
 
@@ -244,7 +245,7 @@ def launch_gemm(x, pw, out, cfg, interp, act: int = 0) -> None:
             x, *planes(pw), target, out.shape[0], pw.shape[0], n_chunks, per_split, x.stride(0),
             target.stride(-2), out.shape[0] * pw.shape[0], *strides(pw), **fields(pw),
             BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], WIDE=bool(cfg.get("WIDE")),
-            ACT=epilogue, INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
+            ACT=epilogue, R32=pw.rows32, INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
             num_stages=cfg.get("num_stages", 2),
         )  # fmt: skip
 

@@ -32,7 +32,7 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from shared.kernels.qmatmul.packed import WORDS, PackedWeight
-from shared.kernels.qmatmul.packed_chunk import _words, load_chunk
+from shared.kernels.qmatmul.packed_chunk import _words, entry, load_chunk
 from shared.kernels.qmatmul.packed_gemm import launch_split, planes, store_tile, strides
 
 __all__ = ["F16_TYPES", "chunk_order", "launch_gemm16", "prepare_x16"]
@@ -178,9 +178,10 @@ def _tile16(
 
 
 @triton.jit
-def _dup16(ptr, rows, nmask, c, stride_d):
+def _dup16(R32: tl.constexpr, ptr, rows, nmask, c, stride_d):
     """A row's fp16 factor of chunk c as its bits in both halves of a word."""
-    bits = tl.load(ptr.to(tl.pointer_type(tl.int16)) + rows * stride_d + c, mask=nmask, other=0)
+    at = entry(R32, rows, c, stride_d, 1)
+    bits = tl.load(ptr.to(tl.pointer_type(tl.int16)) + at, mask=nmask, other=0)
     b = bits.to(tl.int32) & 0xFFFF
     return b | (b << 16)
 
@@ -189,17 +190,17 @@ def _dup16(ptr, rows, nmask, c, stride_d):
 def _step16(
     acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
     stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr, W: tl.constexpr, INTERPRETED: tl.constexpr,
+    QTYPE: tl.constexpr, W: tl.constexpr, R32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    w, wh, h = load_chunk(QTYPE == Q6_K, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
-    s0, s1 = _words(sc_ptr, rows, nmask, stride_s, c, 1, 1)
+    w, wh, h = load_chunk(R32, QTYPE == Q6_K, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
+    s0, s1 = _words(R32, sc_ptr, rows, nmask, stride_s, c, 1, 1)
     m0 = s0
     if QTYPE == Q4_K:
-        m0, m1 = _words(mn_ptr, rows, nmask, stride_s, c, 1, 1)
-        dd = _dup16(d_ptr, rows, nmask, c, stride_d)
-        ddmin = _dup16(dmin_ptr, rows, nmask, c, stride_d)
+        m0, m1 = _words(R32, mn_ptr, rows, nmask, stride_s, c, 1, 1)
+        dd = _dup16(R32, d_ptr, rows, nmask, c, stride_d)
+        ddmin = _dup16(R32, dmin_ptr, rows, nmask, c, stride_d)
     else:  # Q6_K: chunks of 128, d per 256
-        dd = _dup16(d_ptr, rows, nmask, c // 2, stride_d)
+        dd = _dup16(R32, d_ptr, rows, nmask, c // 2, stride_d)
         ddmin = dd
     tile = _tile16(QTYPE, w, h, s0, m0, dd, ddmin, W, INTERPRETED)
     cols = c * (8 * W) + tl.arange(0, 8 * W)  # x in the tile's order (prepare_x16)
@@ -220,6 +221,7 @@ def _gemm16_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up
+    R32: tl.constexpr,  # row-interleaved planes (packed_rows)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     # m varies fastest, so programs that run together share one weight tile
@@ -236,14 +238,14 @@ def _gemm16_kernel(
         while c < c1:
             acc = _step16(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, W, INTERPRETED,
+                nmask, stride_q, stride_s, stride_d, QTYPE, W, R32, INTERPRETED,
             )  # fmt: skip
             c += 1
     else:
         for c in range(c0, c1):
             acc = _step16(
                 acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, W, INTERPRETED,
+                nmask, stride_q, stride_s, stride_d, QTYPE, W, R32, INTERPRETED,
             )  # fmt: skip
     store_tile(out_ptr, acc, rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N, ACT)
 
@@ -293,7 +295,7 @@ def launch_gemm16(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> None:
             xh, *planes(pw), target, out.shape[0], pw.shape[0], n_chunks, per_split,
             xh.stride(0), target.stride(-2), out.shape[0] * pw.shape[0], *strides(pw),
             QTYPE=int(pw.qtype), W=WORDS[pw.qtype], BLOCK_M=cfg["BLOCK_M"],
-            BLOCK_N=cfg["BLOCK_N"], ACT=epilogue, INTERPRETED=interp,
+            BLOCK_N=cfg["BLOCK_N"], ACT=epilogue, R32=pw.rows32, INTERPRETED=interp,
             num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
         )  # fmt: skip
 

@@ -93,7 +93,7 @@ def gemv_factored_kernel(
         while c < c1:
             w, wh, h = _load_words(HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W, col)
             s0, s1, m0, m1, d, dmin = load_meta(
-                QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
+                False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
             )
             acc = _chunk_dot(
                 acc, c, c >= 0, w, wh, h, s0, s1, m0, m1, d, dmin, xf_ptr, xs_ptr, col, slot,
@@ -105,13 +105,13 @@ def gemv_factored_kernel(
         live = nmask & (c0 < c1)
         w, wh, h = _load_words(HI, q_ptr, hi_ptr, rows, live, c0, stride_q, W, col)
         s0, s1, m0, m1, d, dmin = load_meta(
-            QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c0, stride_s, stride_d
+            False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c0, stride_s, stride_d
         )
         for c in range(c0, c1):
             live = nmask & (c + 1 < c1)
             w2, wh2, h2 = _load_words(HI, q_ptr, hi_ptr, rows, live, c + 1, stride_q, W, col)
             t0, t1, n0, n1, e, emin = load_meta(
-                QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c + 1, stride_s, stride_d
+                False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c + 1, stride_s, stride_d
             )
             acc = _chunk_dot(
                 acc, c, c < c1, w, wh, h, s0, s1, m0, m1, d, dmin, xf_ptr, xs_ptr, col, slot,

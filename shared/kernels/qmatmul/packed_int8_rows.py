@@ -29,13 +29,13 @@ from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, _codes, _round_split
+from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
+from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
 from shared.kernels.qmatmul.split_tickets import finish_rows
 
 __all__ = ["ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows"]
 
-ROWS_TYPES = INT8_TYPES
 ROWS = tl.constexpr(_ROWS)
 
 
@@ -97,9 +97,8 @@ def _scales(QTYPE: tl.constexpr, HI: tl.constexpr, sc_ptr, mn_ptr, d_ptr, dmin_p
     if QTYPE >= Q4_K:  # eight scale bytes and eight min bytes, d and dmin per chunk
         a0, a1 = _unit_words(sc_ptr, tile, stride_s // 8, c, r, 1)
         b0, b1 = _unit_words(mn_ptr, tile, stride_s // 8, c, r, 1)
-        return a0, a1, b0, b1, _per_row(d_ptr, tile, stride_d, c, r), _per_row(
-            dmin_ptr, tile, stride_d, c, r
-        )
+        d = _per_row(d_ptr, tile, stride_d, c, r)
+        return a0, a1, b0, b1, d, _per_row(dmin_ptr, tile, stride_d, c, r)
     # legacy: eight fp16 d (and m) a chunk of 256: two 64-bit words
     a0, a1 = _unit_words(d_ptr, tile, stride_s // 4, c, r, 2)
     one = tl.full(a0.shape, 1.0, dtype=tl.float32)
@@ -127,8 +126,8 @@ def _pair(QTYPE: tl.constexpr, J: tl.constexpr, a0, a1, b0, b1):
 
 @triton.jit
 def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-          tile, cb, c1, stride_q, stride_s, stride_d, W: tl.constexpr, KW: tl.constexpr):
-    # fmt: skip
+          tile, cb, c1, stride_q, stride_s, stride_d, W: tl.constexpr,
+          KW: tl.constexpr):  # fmt: skip
     """Every load of the chunks cb .. cb + KW - 1 (those below c1): the words [32, KW, NG, 4]
     (row r's four words of group g of chunk cb + k), the high entries [32, KW, NG] and the
     scale words (``_scales``, [32, KW] each)."""
@@ -168,8 +167,8 @@ def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, 
 
 
 @triton.jit
-def _x_words(xq_ptr, cb, c1, NG: tl.constexpr, KW: tl.constexpr, G: tl.constexpr, J0: tl.constexpr):
-    # fmt: skip
+def _x_words(xq_ptr, cb, c1, NG: tl.constexpr, KW: tl.constexpr, G: tl.constexpr,
+             J0: tl.constexpr):  # fmt: skip
     """The activation words of fields J0 .. J0 + 3 of every group, [32, KW, NG] each (the
     same address for the 32 rows: one broadcast load a warp)."""
     k = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :, None, None]  # as _load's
@@ -198,8 +197,8 @@ def _field(part, add, n, x, xd_ptr, xs_ptr, a, b, c, live, J: tl.constexpr, G: t
 @triton.jit
 def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0, b1, c, live,
           QTYPE: tl.constexpr, J0: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
-          KW: tl.constexpr, S: tl.constexpr, OFFSET: tl.constexpr, INTERPRETED: tl.constexpr):
-    # fmt: skip
+          KW: tl.constexpr, S: tl.constexpr, OFFSET: tl.constexpr,
+          INTERPRETED: tl.constexpr):  # fmt: skip
     """Sub-blocks J0 .. J0 + 3: their codes n* ([32, KW * NG]) and activation words x*."""
     shape: tl.constexpr = (ROWS, KW, NG)
     a, b = _pair(QTYPE, J0, a0, a1, b0, b1)
@@ -219,8 +218,8 @@ def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0,
 
 @triton.jit
 def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, HI: tl.constexpr,
-             W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr, INTERPRETED: tl.constexpr):
-    # fmt: skip
+             W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr,
+             INTERPRETED: tl.constexpr):  # fmt: skip
     """acc [32, KW] += the chunks' parts of the rows' dot products."""
     NG: tl.constexpr = W // 4
     S: tl.constexpr = QTYPE == Q8_0  # signed codes

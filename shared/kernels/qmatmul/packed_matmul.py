@@ -95,15 +95,15 @@ def _gemv_kernel(
         # Prefetch: chunk c + 1's words and scales are requested before chunk c is multiplied,
         # so each program keeps two chunks of loads in flight instead of waiting out every one.
         live = nmask & (c0 < c1)
-        w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, live, c0, stride_q, W)
+        w, wh, h = load_chunk(False, HI, q_ptr, hi_ptr, rows, live, c0, stride_q, W)
         s0, s1, m0, m1, d, dmin = load_meta(
-            QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c0, stride_s, stride_d
+            False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c0, stride_s, stride_d
         )
         for c in range(c0, c1):
             live = nmask & (c + 1 < c1)
-            w2, wh2, h2 = load_chunk(HI, q_ptr, hi_ptr, rows, live, c + 1, stride_q, W)
+            w2, wh2, h2 = load_chunk(False, HI, q_ptr, hi_ptr, rows, live, c + 1, stride_q, W)
             t0, t1, n0, n1, e, emin = load_meta(
-                QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c + 1, stride_s, stride_d
+                False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c + 1, stride_s, stride_d
             )
             acc = _gemv_groups(
                 acc, c, c < c1, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, magic, QTYPE, HI, W, G
@@ -120,9 +120,9 @@ def _gemv_chunk(
     stride_q, stride_s, stride_d, mg,
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
 ):  # fmt: skip
-    w, wh, h = load_chunk(HI, q_ptr, hi_ptr, rows, live, c, stride_q, W)
+    w, wh, h = load_chunk(False, HI, q_ptr, hi_ptr, rows, live, c, stride_q, W)
     s0, s1, m0, m1, d, dmin = load_meta(
-        QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c, stride_s, stride_d
+        False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c, stride_s, stride_d
     )
     return _gemv_groups(
         acc, c, valid, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, mg, QTYPE, HI, W, G
@@ -185,11 +185,13 @@ def packed_matmul(
     n_chunks = k // CHUNK[pw.qtype]
     cfg = config or default_config(m, n, k, x.device, pw.qtype, dtype=x.dtype)
     interp = interpreted(_gemv_kernel)
-    if pw.rows32:  # row-interleaved planes: only the rows GEMV reads them
-        if m != 1 or pw.qtype not in ROWS_TYPES:
-            raise ValueError(f"packed_matmul: an interleaved {pw.qtype.name} weight takes one row")
+    if pw.rows32 and m == 1:  # row-interleaved planes: the rows GEMV (packed_int8_rows)
+        if pw.qtype not in ROWS_TYPES:
+            raise ValueError(f"packed_matmul: no GEMV over interleaved {pw.qtype.name} planes")
         _rows_gemv(x, pw, out, n_chunks, cfg, act, interp)
         return out
+    if pw.rows32 and not (cfg.get("DEQUANT") or "BLOCK_M" in cfg):
+        raise ValueError(f"packed_matmul: config {cfg} cannot read interleaved planes")
     if m == 1:
         tiles = triton.cdiv(n, cfg["BLOCK_N"])
         int8 = cfg.get("INT8") and pw.qtype in INT8_TYPES  # int8 activations, dp4a
@@ -250,7 +252,9 @@ def packed_matmul(
 def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp) -> None:
     """The int8 GEMV over row-interleaved planes (packed_int8_rows): a tile of 32 rows a
     program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
-    flight."""
+    flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
+    if not cfg.get("ROWS"):
+        cfg = {"ROWS": 1, "num_warps": 4}
     tiles = triton.cdiv(pw.shape[0], ROWS)
     splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=16)
     per_split = triton.cdiv(n_chunks, splits)

@@ -19,17 +19,31 @@ The values are the packed weight's: ``deinterleave`` returns it exactly.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
+from gguf import GGMLQuantizationType
 
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 
-__all__ = ["ROWS", "deinterleave", "interleave", "unit"]
+__all__ = ["ROWS", "ROWS_TYPES", "deinterleave", "interleave", "unit", "wants_rows"]
 
 ROWS = 32  # rows a tile interleaves
+_T = GGMLQuantizationType
+# the types the rows GEMV (packed_int8_rows) multiplies: packed_int8's
+ROWS_TYPES: frozenset[int] = frozenset(
+    {_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K}
+)
 _QUANT_UNIT = 4  # entries of q (int32 words) and hi a warp's thread loads at once
 _QUANT_PLANES = ("q", "hi")
 _SCALE_PLANES = ("sc", "mn", "d", "dmin")
+
+
+def wants_rows(qtype: int) -> bool:
+    """Whether a CUDA layer of this type keeps its planes interleaved (batch 1 then runs the
+    rows GEMV; everything else reads either layout). ``SKIFF_ROWS_LAYOUT=0`` keeps the plain
+    planes (and the plain batch-1 GEMVs)."""
+    return qtype in ROWS_TYPES and os.environ.get("SKIFF_ROWS_LAYOUT", "1") != "0"
 
 
 def unit(pw: PackedWeight, name: str) -> int:

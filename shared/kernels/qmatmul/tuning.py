@@ -66,11 +66,31 @@ INT8_TILES = ((128, 4, 1, 0), (64, 4, 2, 0), (32, 4, 4, 0), (16, 4, 8, 0), (128,
 INT8_TILE_TILES = ((16, 4, 4), (16, 4, 8), (16, 4, 16), (8, 4, 16), (32, 4, 8), (32, 8, 8))
 
 
+# the int8 GEMV over row-interleaved planes (packed_int8_rows): (num_warps = chunks in flight,
+# PREFETCH, QX); it took 1.07-2.31x less time than the shipped configs on the H200's Q4_K 8B
+# shapes (BENCHMARKS.md 2026-11-30 (t)), the winners spread over 2, 4 and 8 warps
+ROWS_TILES = ((2, 0, 0), (4, 0, 0), (8, 0, 0), (2, 1, 0), (4, 1, 0), (8, 1, 0), (2, 1, 1),
+              (4, 1, 1))  # fmt: skip
+
+
+def rows_candidates(pw: PackedWeight) -> list[dict[str, int]]:
+    """Batch-1 configs of an interleaved weight: the rows GEMV's, by split (a launch
+    argument: eight compiles a type)."""
+    return [
+        {"ROWS": 1, "INT8": 1, "num_warps": w, "PREFETCH": p, "QX": qx, "SPLIT_K": s}
+        for w, p, qx in ROWS_TILES
+        for s in (1, 2, 4, 8, 16)
+    ]
+
+
 def quick_candidates(pw: PackedWeight) -> list[dict[str, int]]:
     """The batch-1 decode candidates a first load times by default: five compiles per type
     (shared by every shape of the type), plus the int8 GEMV's six where the type has it and
     its two prefetching ones with ``QX``; the split-K variants free. The one-tile GEMV lost on
-    16 of 18 shapes in the H200 sweep of 2026-11-30 (r) and is left to the full tuning."""
+    16 of 18 shapes in the H200 sweep of 2026-11-30 (r) and is left to the full tuning. An
+    interleaved weight (``packed_rows``) has the rows GEMV only."""
+    if pw.rows32:
+        return rows_candidates(pw)
     tiles = [(16, 4, {}), (32, 2, {}), (32, 4, {}), (64, 2, {"FACTOR": 1}), (64, 4, {"FACTOR": 1})]
     if pw.qtype in INT8_TYPES:
         tiles += [(b, w, {"INT8": 1, "TPR": t, "PREFETCH": f}) for b, w, t, f in INT8_TILES]
@@ -94,6 +114,8 @@ def one_tile_candidates(pw: PackedWeight) -> list[dict[str, int]]:
 
 
 def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
+    if m == 1 and pw.rows32:
+        return rows_candidates(pw)
     if m == 1:
         # split-K gives each SM more programs (more loads in flight) for one partial-sum pass
         # (the split is a launch argument: four splits cost one compile)
@@ -179,10 +201,12 @@ class Tuner:
 
     def _key(self, pw: PackedWeight, m_bucket: int, dtype: torch.dtype) -> str:
         n, k = pw.shape
-        return f"{self.prefix}|{int(pw.qtype)}|{n}x{k}|m{m_bucket}|{str(dtype)[6:]}"
+        # batch 1 of an interleaved weight runs another kernel: an entry of its own
+        rows = "|rows" if pw.rows32 and m_bucket == 1 else ""
+        return f"{self.prefix}|{int(pw.qtype)}|{n}x{k}|m{m_bucket}|{str(dtype)[6:]}{rows}"
 
     def config(self, pw: PackedWeight, m: int, dtype: torch.dtype) -> dict[str, int]:
-        memo = (pw.qtype, pw.shape, bucket(m), dtype)
+        memo = (pw.qtype, pw.shape, bucket(m), dtype, pw.rows32)
         cfg = self._resolved.get(memo)
         if cfg is None:
             found = self.table.get(self._key(pw, memo[2], dtype))

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
-from shared.kernels.device import interpreted
+from shared.kernels.device import interpreted, num_sms
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
@@ -253,10 +253,10 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp) -> None:
     """The int8 GEMV over row-interleaved planes (packed_int8_rows): a tile of 32 rows a
     program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
-    if not cfg.get("ROWS"):
-        cfg = {"ROWS": 1, "num_warps": 4}
     tiles = triton.cdiv(pw.shape[0], ROWS)
-    splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=16)
+    if not cfg.get("ROWS"):
+        cfg = {"ROWS": 1, "num_warps": 4, "SPLIT_K": _rows_split(tiles, n_chunks, x.device)}
+    splits = cfg.get("SPLIT_K") or _rows_split(tiles, n_chunks, x.device)
     per_split = triton.cdiv(n_chunks, splits)
     splits = triton.cdiv(n_chunks, per_split)
     part = out
@@ -264,6 +264,14 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp) -> None:
         part = torch.empty((splits, pw.shape[0]), dtype=torch.float32, device=x.device)
     targets = (out, part, pw.tickets)
     launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp)
+
+
+def _rows_split(tiles: int, n_chunks: int, device: torch.device) -> int:
+    """The rows GEMV's split for an untuned shape (4 warps a program): about 31 warps an SM
+    (the H200's Q4_K winners kept 2,000-4,000 warps in flight on its 132 SMs, BENCHMARKS.md
+    2026-11-30 (t)), at least four chunks a split (one a warp), at most 16 splits."""
+    target = 31 * num_sms(device) // 4  # programs
+    return max(1, min(16, target // tiles, n_chunks // 4))
 
 
 # the gated activations of act= in torch (GatedLinear's fallback); the keys are the valid act

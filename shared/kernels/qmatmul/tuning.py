@@ -69,13 +69,12 @@ INT8_TILE_TILES = ((16, 4, 4), (16, 4, 8), (16, 4, 16), (8, 4, 16), (32, 4, 8), 
 # the int8 GEMV over row-interleaved planes (packed_int8_rows): (num_warps = chunks in flight,
 # PREFETCH, QX); it took 1.07-2.31x less time than the shipped configs on the H200's Q4_K 8B
 # shapes (BENCHMARKS.md 2026-11-30 (t)), the winners spread over 2, 4 and 8 warps
-ROWS_TILES = ((2, 0, 0), (4, 0, 0), (8, 0, 0), (2, 1, 0), (4, 1, 0), (8, 1, 0), (2, 1, 1),
-              (4, 1, 1))  # fmt: skip
+ROWS_TILES = ((2, 0, 0), (4, 0, 0), (8, 0, 0), (4, 1, 0), (2, 1, 1))
 
 
 def rows_candidates(pw: PackedWeight) -> list[dict[str, int]]:
     """Batch-1 configs of an interleaved weight: the rows GEMV's, by split (a launch
-    argument: eight compiles a type)."""
+    argument: five compiles a type, each the winner of some Q4_K shape on the H200)."""
     return [
         {"ROWS": 1, "INT8": 1, "num_warps": w, "PREFETCH": p, "QX": qx, "SPLIT_K": s}
         for w, p, qx in ROWS_TILES

@@ -57,7 +57,11 @@ def test_big_batches_use_the_copy_small_ones_the_planes(qtype: T, monkeypatch) -
     for m in (1, 4, 5, 9):
         x = torch.randn(m, K, generator=torch.Generator().manual_seed(m)).to(DEVICE)
         want = x.double() @ unpack(layer.packed).double().T
-        torch.testing.assert_close(layer(x).double(), want, rtol=1e-4, atol=1e-4)
+        got = layer(x).double()
+        if m == 1 and layer.packed.rows32:  # CUDA: the int8 rows GEMV, within its rounding
+            assert float((got - want).norm() / want.norm()) < 2e-2
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert seen == [False, False, True, True]
 
 

@@ -31,6 +31,8 @@ nibble (or byte) ``j`` of word ``i`` belongs to sub-block ``j``::
 A kernel then loads one word per lane and splits it into values of different sub-blocks (one
 scale each) whose activations are contiguous runs ``x[W*j : W*j + W]`` (W = words per chunk);
 no byte shuffles remain in the loop.
+On CUDA the planes of the int8 types are then interleaved in tiles of 32 rows
+(``packed_rows``: same entries, other addresses) for the batch-1 GEMV with a thread a row.
 The dequantized values of a packed weight (``unpack``) are bit-identical to ``gguf.quants``:
 the same float32 expressions in the same order as ``shared.quant``. The planes together are
 0-4 % larger than the GGUF blocks (Q4_K: 148 bytes per 256 instead of 144; Q3_K 114 for 110).

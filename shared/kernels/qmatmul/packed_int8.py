@@ -23,7 +23,9 @@ adds them to an int32:
 Measured on the H200 (BENCHMARKS.md, 2026-11-30 (b), (r)): 1.0-1.5x the float GEMV for Q4_K
 and Q6_K, not for Q8_0; 0.22-0.55 of the copy bandwidth, PREFETCH the fastest on most 8B
 shapes. ncu (r): warps wait on loads that fetch each sector twice (a warp's 128-bit load
-touches 32 rows). ``QX`` is not measured yet.
+touches 32 rows). On CUDA the int8 types now keep row-interleaved planes and batch 1 runs
+``packed_int8_rows`` (1.07-2.31x faster on the Q4_K 8B shapes, (t)); this kernel serves the
+plain planes (``SKIFF_ROWS_LAYOUT=0``).
 
 The result is ``x_hat @ unpack(pw).T`` plus the offsets' exact part, where x_hat is x rounded to
 int8 per sub-block: not the float GEMV's result, but within the error bound of that rounding

@@ -12,6 +12,9 @@
   MMVQ).
 - the GEMM of ``packed_gemm`` (two rows and up: decode batches and prefill), or ``DEQUANT``: a
   dense copy (``packed_dequant``) and torch's matmul.
+- a weight with row-interleaved planes (``packed_rows``, the CUDA layout of the int8 types):
+  one row runs ``packed_int8_rows`` (a thread a row; ``ROWS`` configs), more rows the GEMMs
+  above, which read either layout.
 
 Tile sizes come from ``shared.kernels.qmatmul.tuning`` (per device, measured, cached on disk).
 Reference: ``x @ unpack(pw).T`` (tests/test_kernel_packed_matmul.py).

@@ -22,17 +22,13 @@ from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from shared.kernels.qmatmul.packed_rows import interleave
 from shared.kernels.qmatmul.timing import cold_graph_ms, weight_copies
-from shared.kernels.qmatmul.tuning import Tuner, agrees
+from shared.kernels.qmatmul.tuning import ROWS_TILES, Tuner, agrees
 from tools.bench_packed import SHAPES
 from tools.bench_qgemv import copy_bandwidth, random_weight
 
 DEVICE = "cuda"
-# (num_warps = chunks in flight, PREFETCH, QX) x splits: ten compiles a type
-ROWS_CONFIGS = [
-    *({"num_warps": w, "PREFETCH": p} for w in (1, 2, 4, 8) for p in (0, 1)),
-    {"num_warps": 2, "PREFETCH": 1, "QX": 1},
-    {"num_warps": 4, "PREFETCH": 1, "QX": 1},
-]
+# (num_warps = chunks in flight, PREFETCH, QX) x splits: the tuner's quick list (five compiles)
+ROWS_CONFIGS = [{"num_warps": w, "PREFETCH": p, "QX": qx} for w, p, qx in ROWS_TILES]
 SPLITS = (1, 2, 4, 8, 16)
 
 
@@ -82,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             best_rows[f"{int(qtype)}|{n}x{k}"] = {
+                "ROWS": 1,
+                "INT8": 1,
                 **(best or {}),
                 "us": round(best_ms * 1e3, 2),
                 "shipped_us": round(shipped * 1e3, 2),

@@ -169,3 +169,28 @@ def test_a_first_load_tunes_batch_one_decode_only(tmp_path: Path, monkeypatch) -
     other = pack(random_raw(T.Q8_0, 128, 512, seed=5).cuda(), T.Q8_0, (128, 512))
     tuner.tune(other, torch.bfloat16)  # off: nothing timed, nothing written
     assert not any("|128x512|" in key for key in tuner.table)
+
+
+def test_an_interleaved_weight_has_its_own_batch_one_entries(tmp_path: Path) -> None:
+    """Batch 1 of a row-interleaved weight runs the rows GEMV: its table entry has a key of its
+    own (``|rows``) and its candidates are the rows GEMV's; other buckets share the plain
+    weight's entries (the GEMMs read either layout)."""
+    from shared.kernels.qmatmul.packed_rows import interleave
+    from shared.kernels.qmatmul.tuning import quick_candidates
+
+    pw = pack(random_raw(T.Q4_K, 32, 512, seed=2), T.Q4_K, (32, 512))
+    iw = interleave(pw)
+    plain = {"BLOCK_N": 16, "SPLIT_K": 2, "num_warps": 1, "INT8": 1}
+    rows = {"ROWS": 1, "INT8": 1, "num_warps": 2, "SPLIT_K": 1}
+    gemm = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    key = f"cpu|{int(T.Q4_K)}|32x512"
+    table = {f"{key}|m1|bfloat16": plain, f"{key}|m1|bfloat16|rows": rows,
+             f"{key}|m16|bfloat16": gemm}  # fmt: skip
+    (tmp_path / "qmatmul-tuning.json").write_text(json.dumps(table))
+    tuner = Tuner(torch.device("cpu"), cache_dir=tmp_path)
+    assert tuner.config(pw, 1, torch.bfloat16) == plain
+    assert tuner.config(iw, 1, torch.bfloat16) == rows
+    assert tuner.config(iw, 9, torch.bfloat16) == gemm == tuner.config(pw, 9, torch.bfloat16)
+    quick = quick_candidates(iw)
+    assert quick == candidates(1, iw) and all(c["ROWS"] and c["INT8"] for c in quick)
+    assert len({(c["num_warps"], c["PREFETCH"], c["QX"]) for c in quick}) == 5

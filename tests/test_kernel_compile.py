@@ -1,8 +1,8 @@
 """The paged attention kernel (including its native FP8 path, which the interpreter cannot run)
 and every packed quantized-matmul kernel compile for Hopper (sm_90) on a machine without a GPU:
 the GEMVs (plain, factored, int8 and int8 over row-interleaved planes), the decode-batch GEMMs
-(float32-formed and, for Q4_K and Q6_K, fp16-formed weights) and the dequantizing pass, for
-every packed type. A kernel that
+(float32-formed, int8 codes on the tensor cores and, for Q4_K and Q6_K, fp16-formed weights)
+and the dequantizing pass, for every packed type. A kernel that
 the interpreter runs but the GPU compiler refuses (a Triton global that is not a constexpr, an
 unsupported cast) fails here instead of on the lent device."""
 
@@ -27,5 +27,6 @@ def test_packed_kernels_compile_for_sm90() -> None:
     # the device), 10 types x 12 packed variants (two over row-interleaved planes), the
     # int8 GEMVs of the 8 types that have them (per-thread rows, the one-tile variant, with
     # the rounding in its prologue, and the GEMV over interleaved planes with and without it)
-    # and the fp16 GEMM (plain, gated, its activation conversion) of Q4_K and Q6_K
-    assert done.stdout.count("compiled for sm_90") == 6 + 120 + 5 * 8 + 6
+    # and their int8 tensor-core GEMM (either layout), and the fp16 GEMM (plain, gated, its
+    # activation conversion) of Q4_K and Q6_K
+    assert done.stdout.count("compiled for sm_90") == 6 + 120 + 7 * 8 + 6

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
+from shared.kernels.qmatmul.packed_gemm8 import I8_TYPES
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_matmul import default_config
 from shared.kernels.qmatmul.timing import cold_dense_ms, matmul_ms, weight_copies
@@ -71,12 +72,15 @@ def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[d
             tile = {"BLOCK_M": min(64, max(16, m)), "num_stages": 3, "F16": 1}
             shapes = ((64, 4), (128, 4), (128, 8))
             out += [{**tile, "BLOCK_N": b, "num_warps": w} for b, w in shapes]
+        if qtype in I8_TYPES:  # int8 codes and activations on the tensor cores (packed_gemm8)
+            tile = {"BLOCK_M": min(64, max(16, m)), "num_stages": 2, "I8": 1}
+            out += [{**tile, "BLOCK_N": b, "num_warps": w} for b, w in ((64, 8), (128, 8))]
         return out
     return [base, {"DEQUANT": 1}]
 
 
 def label(cfg: dict) -> str:
-    for key in ("FACTOR", "INT8", "WIDE", "F16", "DEQUANT"):
+    for key in ("FACTOR", "INT8", "WIDE", "F16", "I8", "DEQUANT"):
         if cfg.get(key):
             tpr = f",tpr{cfg['TPR']}" if "TPR" in cfg else ""
             tpr += f",tile{cfg['CH']}" if cfg.get("TILE") else ""

@@ -9,6 +9,8 @@ their activations in one word per field.
 ``quantize_chunk`` is the one implementation: ``quantize_x_kernel`` runs it once per chunk (a
 launch of its own before the GEMV), and a GEMV with ``QX`` runs it for its own chunks in its
 prologue (no launch: every program of a split rounds the same chunks and stores the same words).
+``prepare_rows_int8`` rounds the rows of a batch the same way for the int8 GEMM
+(``packed_gemm8``), its codes in row order (``[M, K]`` int8).
 """
 
 from __future__ import annotations
@@ -20,7 +22,23 @@ import triton.language as tl
 from shared.kernels.qmatmul.packed import PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields
 
-__all__ = ["int8_buffers", "prepare_int8", "quantize_chunk", "quantize_x_kernel"]
+__all__ = [
+    "int8_buffers",
+    "prepare_int8",
+    "prepare_rows_int8",
+    "quantize_chunk",
+    "quantize_x_kernel",
+]
+
+
+@triton.jit
+def _round(x):
+    """Sub-blocks x [G, W] float32 -> (codes int32 in -127..127, max|x| a sub-block): round to
+    nearest, half away from zero, with the step max|x| / 127."""
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    v = x * inv[:, None]
+    return tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32), amax
 
 
 @triton.jit
@@ -30,10 +48,8 @@ def quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W: tl.constexpr, G: tl.cons
     ``xs[c, j]`` of each sub-block."""
     j = tl.arange(0, G)
     x = tl.load(x_ptr + c * (W * G) + j[:, None] * W + tl.arange(0, W)[None, :]).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    v = x * inv[:, None]
-    q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32) & 0xFF
+    q, amax = _round(x)
+    q = q & 0xFF
     e, o = tl.split(tl.reshape(q, (G, W // 4, 2, 2)))  # byte t = 2 * (t // 2) + t % 2
     q0, q2 = tl.split(e)
     q1, q3 = tl.split(o)
@@ -48,6 +64,55 @@ def quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W: tl.constexpr, G: tl.cons
 def quantize_x_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
     """One chunk a program (``program_id(0)``)."""
     quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, tl.program_id(0), W, G)
+
+
+@triton.jit
+def _quantize_rows_kernel(
+    x_ptr, xq_ptr, xd_ptr, xs_ptr, stride_x, stride_q, stride_s,
+    W: tl.constexpr, G: tl.constexpr, CHUNK_STEP: tl.constexpr,
+):  # fmt: skip
+    """Chunk program_id(1) of row program_id(0), codes in row order: a step and a float sum a
+    sub-block (as quantize_chunk's), or with CHUNK_STEP one step a chunk and the integer sum
+    of each sub-block's codes."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    j = tl.arange(0, G)
+    at = c * (W * G) + j[:, None] * W + tl.arange(0, W)[None, :]
+    x = tl.load(x_ptr + row * stride_x + at).to(tl.float32)
+    if CHUNK_STEP:
+        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        v = x * tl.where(amax > 0, 127.0 / amax, 0.0)
+        q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32)
+        tl.store(xd_ptr + row * stride_s + c, amax / 127.0)
+        tl.store(xs_ptr + row * stride_s * G + c * G + j, tl.sum(q, axis=1))
+    else:
+        q, amax = _round(x)
+        tl.store(xd_ptr + row * stride_s + c * G + j, amax / 127.0)
+        tl.store(xs_ptr + row * stride_s + c * G + j, tl.sum(x, axis=1))
+    tl.store(xq_ptr + row * stride_q + at, q.to(tl.int8))
+
+
+def prepare_rows_int8(
+    x: torch.Tensor, pw: PackedWeight, chunk_step: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """x [M, K] -> (xq int8 [M, K], xd, xs) over pw's sub-blocks, the codes in row order (one
+    launch): each row rounded as ``prepare_int8`` rounds one (xd, xs float32 [M, K / W]), or
+    with ``chunk_step`` one step a chunk (xd float32 [M, chunks]; xs the int32 sums of each
+    sub-block's codes, [M, K / W]), as ggml's Q8_K rounds for the K-quants."""
+    f = fields(pw)
+    m, k = x.shape
+    chunks = k // (f["W"] * f["G"])
+    xq = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    steps = chunks if chunk_step else chunks * f["G"]
+    xd = torch.empty((m, steps), dtype=torch.float32, device=x.device)
+    sums = torch.int32 if chunk_step else torch.float32
+    xs = torch.empty((m, chunks * f["G"]), dtype=sums, device=x.device)
+    if m:
+        _quantize_rows_kernel[(m, chunks)](
+            x, xq, xd, xs, x.stride(0), xq.stride(0), xd.stride(0), W=f["W"], G=f["G"],
+            CHUNK_STEP=chunk_step, num_warps=1,
+        )  # fmt: skip
+    return xq, xd, xs
 
 
 def int8_buffers(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:

@@ -40,6 +40,7 @@ from shared.kernels.qmatmul.packed_gemm import (
     strides,
     sum_splits_kernel,
 )
+from shared.kernels.qmatmul.packed_gemm8 import I8_TYPES, launch_gemm8
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES, launch_gemm16
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
@@ -168,10 +169,11 @@ def packed_matmul(
     program's rows and ``CH`` chunks (default 8; the split follows) as one coalesced tile,
     ``packed_int8_tile``). M > 1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
     ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or ``F16`` (Q4_K, Q6_K: the weights formed in
-    fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then
-    torch's matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``:
-    that copy made once and kept (``[N, K]`` in x's dtype): ``DEQUANT`` multiplies by it
-    instead of dequantizing each call.
+    fp16, ``packed_gemm16``) or ``I8`` (int8 codes and activations on the tensor cores, within
+    the activations' int8 rounding: ``packed_gemm8``), or ``DEQUANT`` (1: a dense copy of the
+    weight in x's dtype, then torch's matmul). An absent ``SPLIT_K`` splits K when the tiles
+    leave SMs idle. ``dense``: that copy made once and kept (``[N, K]`` in x's dtype):
+    ``DEQUANT`` multiplies by it instead of dequantizing each call.
     """
     n, k = pw.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:
@@ -241,6 +243,9 @@ def packed_matmul(
             torch.matmul(x, w.T, out=out)
         else:
             out.copy_(x @ w.T)
+        return out
+    if cfg.get("I8") and pw.qtype in I8_TYPES:  # int8 codes and activations (packed_gemm8)
+        launch_gemm8(x, pw, out, cfg, interp, act)
         return out
     if cfg.get("F16") and pw.qtype in F16_TYPES:  # fp16 weights in registers (packed_gemm16)
         launch_gemm16(x, pw, out, cfg, interp, act)

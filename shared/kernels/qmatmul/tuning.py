@@ -31,6 +31,7 @@ import triton
 import triton.testing
 
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.packed_gemm8 import I8_TYPES
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
@@ -147,10 +148,13 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         return out
     # decode batches: split-K is a launch argument (no compile of its own)
     # (WIDE with 32-row tiles only: with 64 it needs up to 255 registers, kernel_sass)
+    # int8 codes and activations on the tensor cores (packed_gemm8): full tuning only until the
+    # H200 has timed it against the dense copies
+    i8 = [(64, 4, {"I8": 1}), (64, 8, {"I8": 1})] if pw.qtype in I8_TYPES else []
     if m <= 16:
         return [
-            {"BLOCK_M": 16, "BLOCK_N": b, "num_warps": 4, "num_stages": 2, "SPLIT_K": s, **wide}
-            for b, wide in ((32, {}), (64, {}), (32, {"WIDE": 1}))
+            {"BLOCK_M": 16, "BLOCK_N": b, "num_warps": w, "num_stages": 2, "SPLIT_K": s, **wide}
+            for b, w, wide in ((32, 4, {}), (64, 4, {}), (32, 4, {"WIDE": 1}), *i8)
             for s in (1, 2, 4, 8)
         ]
     if m <= 64:
@@ -160,7 +164,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
             {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3, "SPLIT_K": s, **wide}
             for b, w, wide in (
                 (32, 4, {}), (64, 4, {}), (64, 8, {}), (32, 4, {"WIDE": 1}),
-                *(f16 if pw.qtype in F16_TYPES else ()),
+                *(f16 if pw.qtype in F16_TYPES else ()), *i8,
             )
             for s in (1, 2, 4, 8)
         ]  # fmt: skip
@@ -233,7 +237,8 @@ class Tuner:
             best, best_ms = None, float("inf")
             for cfg in candidates(m, pw) if mode == "1" else quick_candidates(pw):
                 try:
-                    tol = INT8_TOL if cfg.get("INT8") else F16_TOL if cfg.get("F16") else 1e-4
+                    int8 = cfg.get("INT8") or cfg.get("I8")  # activations rounded to int8
+                    tol = INT8_TOL if int8 else F16_TOL if cfg.get("F16") else 1e-4
                     if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref, tol):
                         continue  # never pick a variant that computes something else
                     ms = matmul_ms(x, pw, copies, cfg)

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4
-from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
+from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0, _byte, _half, _signed
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
@@ -62,23 +62,6 @@ def _unit_words(ptr, tile, stride, c, r, U: tl.constexpr):
 def _per_row(ptr, tile, stride, e, r):
     """One fp16 entry a row: entry e ([1, KW]) of an interleaved unit-1 plane -> float32."""
     return tl.load(ptr + tile * ROWS * stride + e * ROWS + r).to(tl.float32)
-
-
-@triton.jit
-def _half(s0, s1, J: tl.constexpr):
-    src = s0
-    if J >= 4:
-        src = s1
-    bits = ((src >> (16 * (J % 4))) & 0xFFFF).to(tl.int16)
-    return bits.to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _byte(s, J: tl.constexpr, SIGNED: tl.constexpr):
-    b = ((s >> (8 * J)) & 0xFF).to(tl.int32)
-    if SIGNED:
-        b = (b ^ 0x80) - 0x80
-    return b.to(tl.float32)
 
 
 @triton.jit
@@ -117,10 +100,10 @@ def _pair(QTYPE: tl.constexpr, J: tl.constexpr, a0, a1, b0, b1):
         a = _half(a0, a1, J)
         return a, a
     if QTYPE == Q6_K:
-        a = _byte(a0, J, True)
+        a = _signed(_byte(a0, a0, J)).to(tl.float32)
         return a, a
     if QTYPE >= Q4_K:
-        return _byte(a0, J, False), _byte(b0, J, False)
+        return _byte(a0, a0, J).to(tl.float32), _byte(b0, b0, J).to(tl.float32)
     return _half(a0, a1, J), _half(b0, b1, J)
 
 

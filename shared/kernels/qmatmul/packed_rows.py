@@ -69,27 +69,25 @@ def _deinterleave(t: torch.Tensor, n: int, u: int) -> torch.Tensor:
     return t.reshape(tiles, e // u, ROWS, u).transpose(1, 2).reshape(-1, e)[:n].contiguous()
 
 
+def _relaid(pw: PackedWeight, move, rows32: bool) -> PackedWeight:
+    n = pw.shape[0]
+    planes = {
+        name: move(getattr(pw, name), n, unit(pw, name))
+        for name in (*_QUANT_PLANES, *_SCALE_PLANES)
+        if getattr(pw, name) is not None
+    }
+    return dataclasses.replace(pw, rows32=rows32, **planes)
+
+
 def interleave(pw: PackedWeight) -> PackedWeight:
     """pw's planes row-interleaved (a new weight; pw is left as it is)."""
     if pw.rows32:
         raise ValueError("interleave: the weight is interleaved already")
-    n = pw.shape[0]
-    planes = {
-        name: _interleave(getattr(pw, name), n, unit(pw, name))
-        for name in (*_QUANT_PLANES, *_SCALE_PLANES)
-        if getattr(pw, name) is not None
-    }
-    return dataclasses.replace(pw, rows32=True, **planes)
+    return _relaid(pw, _interleave, True)
 
 
 def deinterleave(pw: PackedWeight) -> PackedWeight:
     """The plain packed weight of an interleaved one."""
     if not pw.rows32:
         raise ValueError("deinterleave: the weight is not interleaved")
-    n = pw.shape[0]
-    planes = {
-        name: _deinterleave(getattr(pw, name), n, unit(pw, name))
-        for name in (*_QUANT_PLANES, *_SCALE_PLANES)
-        if getattr(pw, name) is not None
-    }
-    return dataclasses.replace(pw, rows32=False, **planes)
+    return _relaid(pw, _deinterleave, False)

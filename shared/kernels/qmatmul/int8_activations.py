@@ -32,13 +32,18 @@ __all__ = [
 
 
 @triton.jit
+def _codes(x, amax):
+    """x float32 -> int32 codes in -127..127 with the step amax / 127 (amax broadcast to x):
+    round to nearest, half away from zero."""
+    v = x * tl.where(amax > 0, 127.0 / amax, 0.0)
+    return tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32)
+
+
+@triton.jit
 def _round(x):
-    """Sub-blocks x [G, W] float32 -> (codes int32 in -127..127, max|x| a sub-block): round to
-    nearest, half away from zero, with the step max|x| / 127."""
+    """Sub-blocks x [G, W] float32 -> (codes, max|x| a sub-block): one step a sub-block."""
     amax = tl.max(tl.abs(x), axis=1)
-    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    v = x * inv[:, None]
-    return tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32), amax
+    return _codes(x, amax[:, None]), amax
 
 
 @triton.jit
@@ -81,8 +86,7 @@ def _quantize_rows_kernel(
     x = tl.load(x_ptr + row * stride_x + at).to(tl.float32)
     if CHUNK_STEP:
         amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        v = x * tl.where(amax > 0, 127.0 / amax, 0.0)
-        q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v)).to(tl.int32)
+        q = _codes(x, amax)
         tl.store(xd_ptr + row * stride_s + c, amax / 127.0)
         tl.store(xs_ptr + row * stride_s * G + c * G + j, tl.sum(q, axis=1))
     else:

@@ -30,6 +30,7 @@ __all__ = [
     "auto_split",
     "fields",
     "gated",
+    "gemm_tile",
     "launch_gemm",
     "launch_split",
     "planes",
@@ -171,13 +172,7 @@ def _gemm_kernel(
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up ([M, N / 2])
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    # m varies fastest, so programs that run together share (and dequantize) one weight tile
-    rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rows_m < M
-    nmask = rows < N
-    c0 = tl.program_id(2) * per_split
-    c1 = tl.minimum(c0 + per_split, n_chunks)
+    rows_m, rows, mmask, nmask, c0, c1 = gemm_tile(M, N, n_chunks, per_split, BLOCK_M, BLOCK_N)
     i = tl.arange(0, W)
     x_rows = x_ptr + rows_m[:, None] * stride_xm + i[None, :]
     if WIDE:
@@ -198,6 +193,17 @@ def _gemm_kernel(
                 nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, WIDE, R32, INTERPRETED,
             )  # fmt: skip
     store_tile(out_ptr, acc, rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N, ACT)
+
+
+@triton.jit
+def gemm_tile(M, N, n_chunks, per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A GEMM program's output tile and chunk range: (activation rows, weight rows, their
+    masks, first chunk, end chunk). The grid's m varies fastest, so programs that run together
+    share one weight tile; program_id(2) is the split."""
+    rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    c0 = tl.program_id(2) * per_split
+    return rows_m, rows, rows_m < M, rows < N, c0, tl.minimum(c0 + per_split, n_chunks)
 
 
 @triton.jit

@@ -33,7 +33,13 @@ from gguf import GGMLQuantizationType
 
 from shared.kernels.qmatmul.packed import WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import _words, entry, load_chunk
-from shared.kernels.qmatmul.packed_gemm import launch_split, planes, store_tile, strides
+from shared.kernels.qmatmul.packed_gemm import (
+    gemm_tile,
+    launch_split,
+    planes,
+    store_tile,
+    strides,
+)
 
 __all__ = ["F16_TYPES", "chunk_order", "launch_gemm16", "prepare_x16"]
 
@@ -224,13 +230,7 @@ def _gemm16_kernel(
     R32: tl.constexpr,  # row-interleaved planes (packed_rows)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    # m varies fastest, so programs that run together share one weight tile
-    rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rows_m < M
-    nmask = rows < N
-    c0 = tl.program_id(2) * per_split
-    c1 = tl.minimum(c0 + per_split, n_chunks)
+    rows_m, rows, mmask, nmask, c0, c1 = gemm_tile(M, N, n_chunks, per_split, BLOCK_M, BLOCK_N)
     x_rows = x_ptr + rows_m[:, None] * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)

@@ -37,12 +37,19 @@ from shared.kernels.qmatmul.packed_chunk import (
     load_chunk,
     load_meta,
 )
-from shared.kernels.qmatmul.packed_gemm import fields, launch_split, planes, store_tile, strides
-from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
+from shared.kernels.qmatmul.packed_gemm import (
+    fields,
+    gemm_tile,
+    launch_split,
+    planes,
+    store_tile,
+    strides,
+)
+from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 
 __all__ = ["CHUNK_STEP_TYPES", "I8_TYPES", "launch_gemm8"]
 
-I8_TYPES = ROWS_TYPES
+I8_TYPES = INT8_TYPES  # the types with int8 codes (packed_int8's)
 _T = GGMLQuantizationType
 # integer sub-block scales: activations take one step a chunk (ggml's Q8_K) and the dots meet
 # the scales in int32
@@ -164,13 +171,7 @@ def _gemm8_kernel(
     CHUNK_STEP: tl.constexpr,  # one activation step a chunk (CHUNK_STEP_TYPES)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    # m varies fastest, so programs that run together share one weight tile
-    rows_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rows_m < M
-    nmask = rows < N
-    c0 = tl.program_id(2) * per_split
-    c1 = tl.minimum(c0 + per_split, n_chunks)
+    rows_m, rows, mmask, nmask, c0, c1 = gemm_tile(M, N, n_chunks, per_split, BLOCK_M, BLOCK_N)
     xq_rows = xq_ptr + rows_m[:, None] * stride_xm
     xd_rows = xd_ptr + rows_m * stride_dm
     xs_rows = xs_ptr + rows_m * stride_sm

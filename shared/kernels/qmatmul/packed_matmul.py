@@ -204,14 +204,9 @@ def packed_matmul(
             splits = triton.cdiv(n_chunks, cfg.get("CH", 8))
         else:
             splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=8)
-        per_split = triton.cdiv(n_chunks, splits)
-        splits = triton.cdiv(n_chunks, per_split)
+        per_split, splits, targets = _split_targets(out, pw, n_chunks, splits)
         unroll = per_split if cfg.get("UNROLL") else 0
-        part = out  # never read without splits
-        if splits > 1:  # the last program of each row tile adds them (split_tickets)
-            part = torch.empty((splits, n), dtype=torch.float32, device=x.device)
         grid = (tiles, splits)
-        targets = (out, part, pw.tickets)
         if int8:
             launch = launch_int8_tile if cfg.get("TILE") else launch_int8
             launch(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp)
@@ -263,15 +258,21 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp) -> None:
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
     tiles = triton.cdiv(pw.shape[0], ROWS)
     if not cfg.get("ROWS"):
-        cfg = {"ROWS": 1, "num_warps": 4, "SPLIT_K": _rows_split(tiles, n_chunks, x.device)}
+        cfg = {"ROWS": 1, "num_warps": 4}
     splits = cfg.get("SPLIT_K") or _rows_split(tiles, n_chunks, x.device)
+    per_split, splits, targets = _split_targets(out, pw, n_chunks, splits)
+    launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp)
+
+
+def _split_targets(out, pw, n_chunks: int, splits: int) -> tuple[int, int, tuple]:
+    """A GEMV's split-K: (chunks a split, splits without an empty one, the targets finish_rows
+    takes: out, the float32 partials (out itself without splits: never read), the tickets)."""
     per_split = triton.cdiv(n_chunks, splits)
     splits = triton.cdiv(n_chunks, per_split)
     part = out
-    if splits > 1:
-        part = torch.empty((splits, pw.shape[0]), dtype=torch.float32, device=x.device)
-    targets = (out, part, pw.tickets)
-    launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp)
+    if splits > 1:  # the last program of each row tile adds them (split_tickets)
+        part = torch.empty((splits, pw.shape[0]), dtype=torch.float32, device=out.device)
+    return per_split, splits, (out, part, pw.tickets)
 
 
 def _rows_split(tiles: int, n_chunks: int, device: torch.device) -> int:

@@ -22,18 +22,14 @@ import dataclasses
 import os
 
 import torch
-from gguf import GGMLQuantizationType
 
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 
 __all__ = ["ROWS", "ROWS_TYPES", "deinterleave", "interleave", "unit", "wants_rows"]
 
 ROWS = 32  # rows a tile interleaves
-_T = GGMLQuantizationType
-# the types the rows GEMV (packed_int8_rows) multiplies: packed_int8's
-ROWS_TYPES: frozenset[int] = frozenset(
-    {_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K}
-)
+ROWS_TYPES = INT8_TYPES  # the types the rows GEMV (packed_int8_rows) multiplies
 _QUANT_UNIT = 4  # entries of q (int32 words) and hi a warp's thread loads at once
 _QUANT_PLANES = ("q", "hi")
 _SCALE_PLANES = ("sc", "mn", "d", "dmin")

@@ -57,31 +57,39 @@ def test_activations_in_tile_order(words: int) -> None:
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("m", [5, 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_product(qtype: T, m: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("swap", [0, 1], ids=["x-first", "w-first"])
+def test_product(qtype: T, m: int, dtype: torch.dtype, swap: int) -> None:
     from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
     pw, x, want = _case(40, 512, m, seed=m, dtype=dtype, qtype=qtype)
-    assert packed_matmul(x, pw, config={**CFG, "SPLIT_K": 1}).dtype == dtype
-    got = packed_matmul(x, pw, torch.float32, config={**CFG, "SPLIT_K": 1})  # no output rounding
+    cfg = {**CFG, "SPLIT_K": 1, "SWAP": swap}
+    assert packed_matmul(x, pw, config=cfg).dtype == dtype
+    got = packed_matmul(x, pw, torch.float32, config=cfg)  # no output rounding
     assert got.shape == (m, 40)
     _close(got, want)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_split_k(qtype: T) -> None:
+@pytest.mark.parametrize("swap", [0, 1], ids=["x-first", "w-first"])
+def test_split_k(qtype: T, swap: int) -> None:
+    """Three splits of three chunks (Q4_K) or six (Q6_K): every split's last chunk has no next
+    chunk's factors to load ahead."""
     from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
     pw, x, want = _case(40, 768, 3, seed=7, qtype=qtype)
-    _close(packed_matmul(x, pw, torch.float32, config={**CFG, "SPLIT_K": 3}), want)
+    cfg = {**CFG, "SPLIT_K": 3, "SWAP": swap}
+    _close(packed_matmul(x, pw, torch.float32, config=cfg), want)
 
 
 @pytest.mark.parametrize(("act", "fn"), [(1, silu_mul), (2, gelu_mul)], ids=["silu", "gelu"])
 @pytest.mark.parametrize("split", [1, 2])
-def test_gated_epilogue(act: int, fn, split: int) -> None:
+@pytest.mark.parametrize("swap", [0, 1], ids=["x-first", "w-first"])
+def test_gated_epilogue(act: int, fn, split: int, swap: int) -> None:
     from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
     pw, x, want = _case(64, 512, 4, seed=act + 10 * split)
-    got = packed_matmul(x, pw, torch.float32, config={**CFG, "SPLIT_K": split}, act=act)
+    cfg = {**CFG, "SPLIT_K": split, "SWAP": swap}
+    got = packed_matmul(x, pw, torch.float32, config=cfg, act=act)
     ref = fn(want[:, 0::2], want[:, 1::2])
     assert got.shape == (4, 32)
     _close(got, ref)
@@ -92,11 +100,13 @@ def test_gated_epilogue(act: int, fn, split: int) -> None:
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", [(4096, 4096), (28672, 4096), (4096, 14336)], ids=str)
 @pytest.mark.parametrize("block_n", [64, 128])
-def test_llama3_shapes(qtype: T, shape: tuple[int, int], block_n: int) -> None:
+@pytest.mark.parametrize("swap", [0, 1], ids=["x-first", "w-first"])
+def test_llama3_shapes(qtype: T, shape: tuple[int, int], block_n: int, swap: int) -> None:
     from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
     n, k = shape
     pw, x, _ = _case(n, k, 64, seed=n + block_n, qtype=qtype)
     want = x.float() @ unpack(pw).to(DEVICE).T
     cfg = {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3, "F16": 1}
+    cfg["SWAP"] = swap
     _close(packed_matmul(x, pw, torch.float32, config=cfg), want.double())

@@ -48,7 +48,11 @@ def test_rows_are_rounded_as_the_gemv_rounds_one(qtype: T) -> None:
     w, g = _layout(qtype)
     for r in range(3):
         wq, wd, ws = prepare_int8(x[r : r + 1], pw)
-        assert torch.equal(xd[r], wd) and torch.equal(xs[r], ws)
+        assert torch.equal(xd[r], wd)
+        if DEVICE == "cpu":  # the same sums in the same order
+            assert torch.equal(xs[r], ws)
+        else:  # two launches' float sums, reduced in another order on a GPU
+            torch.testing.assert_close(xs[r], ws, rtol=1e-5, atol=1e-6)
         # the GEMV's words xq[c, a, j] (byte t: element W*j + 4a + t of chunk c) in row order
         words = wq.view(torch.int8).reshape(k // (w * g), w // 4, g, 4).permute(0, 2, 1, 3)
         assert torch.equal(words.reshape(k), xq[r])

@@ -21,7 +21,6 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
-from shared.kernels.qmatmul.packed_gemm8 import I8_TYPES
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_matmul import default_config
 from shared.kernels.qmatmul.timing import cold_dense_ms, matmul_ms, weight_copies
@@ -72,9 +71,9 @@ def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[d
             tile = {"BLOCK_M": min(64, max(16, m)), "num_stages": 3, "F16": 1}
             shapes = ((64, 4), (128, 4), (128, 8))
             out += [{**tile, "BLOCK_N": b, "num_warps": w} for b, w in shapes]
-        if qtype in I8_TYPES:  # int8 codes and activations on the tensor cores (packed_gemm8)
-            tile = {"BLOCK_M": min(64, max(16, m)), "num_stages": 2, "I8": 1}
-            out += [{**tile, "BLOCK_N": b, "num_warps": w} for b, w in ((64, 8), (128, 8))]
+            # the weight tile as the dot's first operand (64-row wgmma over weight rows)
+            swapped = {**tile, "SWAP": 1}
+            out += [{**swapped, "BLOCK_N": b, "num_warps": w} for b, w in ((64, 4), (128, 8))]
         return out
     return [base, {"DEQUANT": 1}]
 
@@ -86,6 +85,7 @@ def label(cfg: dict) -> str:
             tpr += f",tile{cfg['CH']}" if cfg.get("TILE") else ""
             tpr += ",qx" if cfg.get("QX") else ""
             tpr += ",pf" if cfg.get("PREFETCH") else ""
+            tpr += ",swap" if cfg.get("SWAP") else ""
             return f"{key.lower()}({cfg.get('BLOCK_N', '')},{cfg.get('num_warps', '')}{tpr})"
     return f"tiles({cfg.get('BLOCK_M', 1)}x{cfg['BLOCK_N']},{cfg.get('num_warps', '')})"
 

@@ -118,7 +118,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         xh = torch.empty(m, k, dtype=torch.float16)
         args = [xh, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
         tiles = {"QTYPE": int(pw.qtype), "W": WORDS[pw.qtype], "BLOCK_M": min(m, 64)}
-        tiles |= {"BLOCK_N": 32, "ACT": act, "R32": False}
+        tiles |= {"BLOCK_N": 32, "ACT": act, "R32": False, "SWAP": False}
         return g16._gemm16_kernel, args, {**tiles, "INTERPRETED": False}
     if kind == "x16":  # packed_gemm16's activation conversion (one row-chunk a program)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")

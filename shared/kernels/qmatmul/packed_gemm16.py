@@ -193,27 +193,39 @@ def _dup16(R32: tl.constexpr, ptr, rows, nmask, c, stride_d):
 
 
 @triton.jit
+def _factors16(QTYPE: tl.constexpr, R32: tl.constexpr, d_ptr, dmin_ptr, rows, mask, c, stride_d):
+    """Chunk c's d and dmin (``_dup16``). Q6_K: chunks of 128, d per 256, no dmin."""
+    if QTYPE == Q4_K:
+        dd = _dup16(R32, d_ptr, rows, mask, c, stride_d)
+        return dd, _dup16(R32, dmin_ptr, rows, mask, c, stride_d)
+    dd = _dup16(R32, d_ptr, rows, mask, c // 2, stride_d)
+    return dd, dd
+
+
+@triton.jit
 def _step16(
-    acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
-    stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr, W: tl.constexpr, R32: tl.constexpr, INTERPRETED: tl.constexpr,
+    acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, dd, ddmin, rows, nmask,
+    stride_q, stride_s,
+    QTYPE: tl.constexpr, W: tl.constexpr, R32: tl.constexpr, SWAP: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):  # fmt: skip
+    """acc plus chunk c's products; dd, ddmin: its factors, loaded one chunk ahead by the
+    caller (2-byte loads are not pipelined by Triton's cp.async stages: loaded in the step,
+    every chunk would wait on them)."""
     w, wh, h = load_chunk(R32, QTYPE == Q6_K, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     s0, s1 = _words(R32, sc_ptr, rows, nmask, stride_s, c, 1, 1)
     m0 = s0
     if QTYPE == Q4_K:
         m0, m1 = _words(R32, mn_ptr, rows, nmask, stride_s, c, 1, 1)
-        dd = _dup16(R32, d_ptr, rows, nmask, c, stride_d)
-        ddmin = _dup16(R32, dmin_ptr, rows, nmask, c, stride_d)
-    else:  # Q6_K: chunks of 128, d per 256
-        dd = _dup16(R32, d_ptr, rows, nmask, c // 2, stride_d)
-        ddmin = dd
     tile = _tile16(QTYPE, w, h, s0, m0, dd, ddmin, W, INTERPRETED)
     cols = c * (8 * W) + tl.arange(0, 8 * W)  # x in the tile's order (prepare_x16)
     xs = tl.load(x_rows + cols[None, :], mask=mmask[:, None], other=0.0)
+    a, b = xs, tl.trans(tile)
+    if SWAP:  # acc [BLOCK_N, BLOCK_M]: the weight tile is the dot's first operand
+        a, b = tile, tl.trans(xs)
     if INTERPRETED:  # its 16-bit dots multiply bit patterns: the same products in float32
-        return tl.dot(xs.to(tl.float32), tl.trans(tile.to(tl.float32)), acc, input_precision="ieee")
-    return tl.dot(xs, tl.trans(tile), acc)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -228,25 +240,40 @@ def _gemm16_kernel(
     BLOCK_N: tl.constexpr,
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up
     R32: tl.constexpr,  # row-interleaved planes (packed_rows)
+    SWAP: tl.constexpr,  # the weight tile as the dot's first operand (accumulated transposed)
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     rows_m, rows, mmask, nmask, c0, c1 = gemm_tile(M, N, n_chunks, per_split, BLOCK_M, BLOCK_N)
     x_rows = x_ptr + rows_m[:, None] * stride_xm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    dd, ddmin = _factors16(QTYPE, R32, d_ptr, dmin_ptr, rows, nmask, c0, stride_d)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         c = c0
         while c < c1:
+            nd, ndmin = _factors16(
+                QTYPE, R32, d_ptr, dmin_ptr, rows, nmask & (c + 1 < c1), c + 1, stride_d
+            )
             acc = _step16(
-                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, W, R32, INTERPRETED,
+                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, dd, ddmin, rows, nmask,
+                stride_q, stride_s, QTYPE, W, R32, SWAP, INTERPRETED,
             )  # fmt: skip
+            dd, ddmin = nd, ndmin
             c += 1
     else:
         for c in range(c0, c1):
+            nd, ndmin = _factors16(
+                QTYPE, R32, d_ptr, dmin_ptr, rows, nmask & (c + 1 < c1), c + 1, stride_d
+            )
             acc = _step16(
-                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, W, R32, INTERPRETED,
+                acc, c, x_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, dd, ddmin, rows, nmask,
+                stride_q, stride_s, QTYPE, W, R32, SWAP, INTERPRETED,
             )  # fmt: skip
+            dd, ddmin = nd, ndmin
+    if SWAP:
+        acc = tl.trans(acc)
     store_tile(out_ptr, acc, rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N, ACT)
 
 
@@ -295,7 +322,8 @@ def launch_gemm16(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> None:
             xh, *planes(pw), target, out.shape[0], pw.shape[0], n_chunks, per_split,
             xh.stride(0), target.stride(-2), out.shape[0] * pw.shape[0], *strides(pw),
             QTYPE=int(pw.qtype), W=WORDS[pw.qtype], BLOCK_M=cfg["BLOCK_M"],
-            BLOCK_N=cfg["BLOCK_N"], ACT=epilogue, R32=pw.rows32, INTERPRETED=interp,
+            BLOCK_N=cfg["BLOCK_N"], ACT=epilogue, R32=pw.rows32,
+            SWAP=bool(cfg.get("SWAP", 0)), INTERPRETED=interp,
             num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 3),
         )  # fmt: skip
 

@@ -45,9 +45,12 @@ def test_greedy_is_argmax_and_dtypes():
     logits = torch.randn(16, 100, generator=torch.Generator().manual_seed(0))
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         out = _sample(logits.to(dtype), SamplingParams(temperature=0.0))
-        assert out.token_ids.dtype == torch.int64 and out.logprobs.dtype == torch.float32
+        assert out.token_ids.dtype == torch.int64
         assert torch.equal(out.token_ids, logits.to(dtype).float().argmax(-1))
-        assert out.top_ids is None and out.top_logprobs is None
+        # no row asked for logprobs: none are computed
+        assert out.logprobs is None and out.top_ids is None and out.top_logprobs is None
+        asked = _sample(logits.to(dtype), SamplingParams(temperature=0.0, logprobs=0))
+        assert asked.logprobs.dtype == torch.float32 and asked.top_ids.shape == (16, 0)
 
 
 def test_greedy_ties_go_to_lowest_id():

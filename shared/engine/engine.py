@@ -177,7 +177,7 @@ class LLMEngine:
         if out is None:
             return []
         token_ids = out.token_ids.tolist()  # the step's one host sync
-        logprobs = out.logprobs.tolist()
+        logprobs = out.logprobs.tolist() if out.logprobs is not None else None
         top_ids = out.top_ids.tolist() if out.top_ids is not None else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
         events = []
@@ -195,7 +195,8 @@ class LLMEngine:
             if top_ids is not None and seq.params.logprobs is not None:
                 k = seq.params.logprobs
                 top = list(zip(top_ids[i][:k], top_lps[i][:k], strict=True))
-            events.append(TokenEvent(seq.seq_id, token, logprobs[i], top, reason))
+            logprob = logprobs[i] if logprobs is not None else 0.0  # read only if asked
+            events.append(TokenEvent(seq.seq_id, token, logprob, top, reason))
             if reason is not None:
                 self.scheduler.running.remove(seq)
                 self._finish(seq, reason)

@@ -260,7 +260,7 @@ def paged_attention(
     num_splits_t, num_splits (> 1) only sizes the launch and the workspace: the kernels read the
     count to use (1 to num_splits, not checked: a host sync) from the device, so a CUDA graph
     can change it between replays. An FP8 cache (float8_e4m3fn, value = fp8 * scale) needs
-    k_scale and v_scale and computes in q.dtype.
+    k_scale and v_scale and computes in fp16 (float32 for float32 queries).
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -304,7 +304,9 @@ def paged_attention(
     fp8_from_bytes = kv_fp8 and not _native_fp8(q.device)
     if fp8_from_bytes:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    compute_dtype = q.dtype if kv_fp8 else k_cache.dtype
+    compute_dtype = k_cache.dtype
+    if kv_fp8:  # fp16 dots (the kernel's comment), float32 for float32 queries
+        compute_dtype = q.dtype if q.dtype == torch.float32 else torch.float16
     ks = k_scale if kv_fp8 else k_cache  # a pointer the kernel never reads without FP8
     vs = v_scale if kv_fp8 else v_cache
     ks_strides = k_scale.stride() if kv_fp8 else (0, 0, 0)

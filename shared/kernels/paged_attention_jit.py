@@ -8,6 +8,8 @@ import triton.language as tl
 
 from shared.kernels.rounding import to_dtype
 
+FP16_MAX = tl.constexpr(65504.0)
+
 
 @triton.jit
 def _find_seq(query_start_loc_ptr, q_tile_id, num_seqs, BLOCK_Q: tl.constexpr):
@@ -127,7 +129,8 @@ def _attend_tile(
             # probabilities, p @ (v * s) = (p * s) @ v, one multiply per score, not per value
             p = p * vs.to(tl.float32)[None, :]
         else:
-            v = (v.to(tl.float32) * vs.to(tl.float32)[:, None]).to(q.dtype)
+            v = v.to(tl.float32) * vs.to(tl.float32)[:, None]
+            v = tl.minimum(tl.maximum(v, -FP16_MAX), FP16_MAX).to(q.dtype)
     p = to_dtype(p, q.dtype, INTERPRETED)
     v = to_dtype(v, q.dtype, INTERPRETED)
     acc = _dot(p, v, acc * alpha[:, None], DOT_PRECISION, INTERPRETED)
@@ -217,8 +220,17 @@ def _paged_attention_kernel(
     io_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
     q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
-    # operands in the cache dtype, like the reference; an FP8 cache is dequantized to q's dtype
-    q = to_dtype(q, q_ptr.dtype.element_ty if KV_FP8 else k_cache_ptr.dtype.element_ty, INTERPRETED)
+    # operands in the cache dtype, like the reference. An FP8 cache's values are exact in fp16,
+    # which one instruction forms from a pair of them (bf16 takes a float32 detour, twice the
+    # loop's conversions): 16-bit queries compute in fp16, clamped to its range, which keeps
+    # more of q's and the probabilities' bits than bf16; float32 queries stay float32.
+    if KV_FP8:
+        if q_ptr.dtype.element_ty == tl.float32:
+            q = q.to(tl.float32)
+        else:
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -FP16_MAX), FP16_MAX).to(tl.float16)
+    else:
+        q = to_dtype(q, k_cache_ptr.dtype.element_ty, INTERPRETED)
 
     # Key tiles this query tile can see: causal up to its last token, window from its first.
     first_pos = context + q_tile * BLOCK_Q

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, chunks, profile (ncu, tools/gpu_profile.sh), step, rows
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
   [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -35,6 +35,11 @@ esac
 case " $STAGES " in *" attn "*)  # batch 1-8 decode attention by split count (graph-replayed)
   timeout ${ATTN_S:-90} python3 -m tools.bench_attention --splits 1 2 4 8 16 2>&1 \
     | tee "$OUT/attn-splits.txt" ;;
+esac
+case " $STAGES " in *" kv "*)  # W6's decode attention at 1k-32k: bf16 against FP8 KV
+  for dt in bf16 fp8; do
+    timeout ${KV_S:-90} python3 -m tools.bench_attention --dtype $dt 2>&1 | tee "$OUT/w6-$dt.txt"
+  done ;;
 esac
 case " $STAGES " in *" chunks "*)  # W3's chunk steps by split count and prefill tiles
   timeout ${CHUNKS_S:-200} python3 -m tools.bench_attention --chunks 2>&1 \

@@ -194,3 +194,16 @@ def test_an_interleaved_weight_has_its_own_batch_one_entries(tmp_path: Path) -> 
     quick = quick_candidates(iw)
     assert quick == candidates(1, iw) and all(c["ROWS"] and c["INT8"] for c in quick)
     assert len({(c["num_warps"], c["PREFETCH"], c["QX"]) for c in quick}) == 5
+
+
+def test_interleaved_weights_keep_the_default_split_at_batch_one() -> None:
+    """A load times no batch-1 config of an interleaved weight (the default split beat every
+    timed pick in the engine), but still its other buckets under full tuning."""
+    from shared.kernels.qmatmul.packed_rows import interleave
+    from shared.kernels.qmatmul.tuning import timed_buckets
+
+    pw = pack(random_raw(T.Q4_K, 32, 512, seed=2), T.Q4_K, (32, 512))
+    iw = interleave(pw)
+    assert timed_buckets(pw, "decode") == (1,) and timed_buckets(pw, "1") == BUCKETS
+    assert timed_buckets(iw, "decode") == ()
+    assert timed_buckets(iw, "1") == tuple(m for m in BUCKETS if m != 1)

@@ -182,6 +182,15 @@ def agrees(got: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> bool:
     return bool(torch.isfinite(got).all()) and float(err) < tol
 
 
+def timed_buckets(pw: PackedWeight, mode: str) -> tuple[int, ...]:
+    """The M buckets a load times for this weight: batch 1 by default, every one with mode "1".
+    Batch 1 of an interleaved weight keeps the rows GEMV's default split: every timed pick (one
+    GEMV, weight cold, graph-replayed) lost to it in the engine's decode steps on the H200 (W1
+    Q6_K 243.8 against 324.5 tok/s, Q8_0 202.3 against 304.3; BENCHMARKS.md (u))."""
+    buckets = BUCKETS if mode == "1" else (1,)
+    return tuple(m for m in buckets if not (pw.rows32 and m == 1))
+
+
 class Tuner:
     """Tile configs for one device; ``config`` is a dictionary lookup (safe inside graphs)."""
 
@@ -226,8 +235,7 @@ class Tuner:
         mode = os.environ.get("SKIFF_QMATMUL_TUNE", "decode")
         if self.device.type != "cuda" or mode == "0":
             return
-        buckets = BUCKETS if mode == "1" else (1,)
-        todo = [m for m in buckets if self._key(pw, m, dtype) not in self.table]
+        todo = [m for m in timed_buckets(pw, mode) if self._key(pw, m, dtype) not in self.table]
         if not todo:
             return
         copies = weight_copies(pw)  # cold weights for the decode-sized timings

@@ -31,7 +31,6 @@ import triton
 import triton.testing
 
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
-from shared.kernels.qmatmul.packed_gemm8 import I8_TYPES
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
@@ -148,23 +147,26 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         return out
     # decode batches: split-K is a launch argument (no compile of its own)
     # (WIDE with 32-row tiles only: with 64 it needs up to 255 registers, kernel_sass)
-    # int8 codes and activations on the tensor cores (packed_gemm8): full tuning only until the
-    # H200 has timed it against the dense copies
-    i8 = [(64, 4, {"I8": 1}), (64, 8, {"I8": 1})] if pw.qtype in I8_TYPES else []
+    # The int8 tensor-core GEMM (packed_gemm8, I8) is no candidate: on the H200 it took 2-4x the
+    # time of the fp16 GEMM and of cuBLAS on the dense copies at 16 and 64 rows (BENCHMARKS (u)).
+    # fp16-formed weights (packed_gemm16), the weight tile first in the dot (SWAP) at <= 16 rows
+    swap = {"F16": 1, "SWAP": 1, "num_stages": 3}
+    f16_small = [(64, 4, swap), (128, 8, swap)] if pw.qtype in F16_TYPES else []
     if m <= 16:
         return [
             {"BLOCK_M": 16, "BLOCK_N": b, "num_warps": w, "num_stages": 2, "SPLIT_K": s, **wide}
-            for b, w, wide in ((32, 4, {}), (64, 4, {}), (32, 4, {"WIDE": 1}), *i8)
+            for b, w, wide in ((32, 4, {}), (64, 4, {}), (32, 4, {"WIDE": 1}), *f16_small)
             for s in (1, 2, 4, 8)
         ]
     if m <= 64:
-        # fp16-formed weights (packed_gemm16, Q4_K): 64 or 128 rows a tile
+        # fp16-formed weights (packed_gemm16, Q4_K / Q6_K): 64 or 128 rows a tile
         f16 = [(64, 4, {"F16": 1}), (128, 4, {"F16": 1}), (128, 8, {"F16": 1})]
+        f16 += [(64, 4, {"F16": 1, "SWAP": 1}), (128, 8, {"F16": 1, "SWAP": 1})]
         return [
             {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3, "SPLIT_K": s, **wide}
             for b, w, wide in (
                 (32, 4, {}), (64, 4, {}), (64, 8, {}), (32, 4, {"WIDE": 1}),
-                *(f16 if pw.qtype in F16_TYPES else ()), *i8,
+                *(f16 if pw.qtype in F16_TYPES else ()),
             )
             for s in (1, 2, 4, 8)
         ]  # fmt: skip

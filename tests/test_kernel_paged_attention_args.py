@@ -66,20 +66,3 @@ def test_rejects_large_head_dim() -> None:
     batch = make_batch([1], [3], n_heads=1, n_kv_heads=1, head_dim=512)
     with pytest.raises(ValueError, match="head_dim 512 > 256"):
         _bad_call(batch)
-
-
-def test_fp8_words_only_where_whole_words_and_fp16_dots(monkeypatch) -> None:
-    """The word-wise FP8 read (inline PTX) runs on a GPU for 16-bit queries over caches whose
-    head_dim, strides and base are whole 4-byte words; anything else takes Triton's conversion."""
-    monkeypatch.setattr(pa, "_interpreted", lambda: False)
-    q16 = torch.empty(4, 8, 64, dtype=torch.float16)
-    cache = torch.empty(10, 16, 2, 64, dtype=FP8)
-    assert pa._fp8_words(q16, cache, cache, native=True)
-    assert not pa._fp8_words(q16, cache, cache, native=False)  # decoded from bytes
-    assert not pa._fp8_words(q16.float(), cache, cache, native=True)  # float32 dots
-    odd = torch.empty(10, 16, 2, 62, dtype=FP8)
-    assert not pa._fp8_words(q16[..., :62], odd, odd, native=True)
-    shifted = torch.empty(10 * 16 * 2 * 64 + 2, dtype=FP8)[2:].view(10, 16, 2, 64)
-    assert not pa._fp8_words(q16, cache, shifted, native=True)  # base off a word
-    monkeypatch.setattr(pa, "_interpreted", lambda: True)
-    assert not pa._fp8_words(q16, cache, cache, native=True)  # the interpreter runs no PTX

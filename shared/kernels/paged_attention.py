@@ -160,20 +160,6 @@ def _check(ok: bool, msg: str) -> None:
         raise ValueError(f"paged_attention: {msg}")
 
 
-def _fp8_words(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, native: bool) -> bool:
-    """Whether the kernel reads a native FP8 cache four bytes a word and converts it to fp16 in
-    inline PTX: 16-bit queries (fp16 dots), whole words (head_dim, strides and bases multiples of
-    4 bytes), a GPU (the interpreter runs no PTX)."""
-    aligned = all(
-        t.stride(0) % 4 == 0 and t.stride(1) % 4 == 0 and t.stride(2) % 4 == 0
-        and t.data_ptr() % 4 == 0 for t in (k_cache, v_cache)
-    )  # fmt: skip
-    return (
-        native and not _interpreted() and q.dtype != torch.float32
-        and k_cache.shape[-1] % 4 == 0 and aligned
-    )  # fmt: skip
-
-
 def _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale):
     _check(q.dim() == 3, f"q must be [T, n_heads, head_dim], got shape {tuple(q.shape)}")
     _check(q.dtype in _Q_DTYPES, f"q dtype {q.dtype} is not one of {_Q_DTYPES}")
@@ -361,7 +347,6 @@ def paged_attention(
         DYNAMIC_SPLITS=dynamic,
         KV_FP8=kv_fp8,
         FP8_FROM_BYTES=fp8_from_bytes,
-        FP8_WORDS=_fp8_words(q, k_cache, v_cache, kv_fp8 and not fp8_from_bytes),
         DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
         INTERPRETED=_interpreted(),
         num_warps=tiles.num_warps,

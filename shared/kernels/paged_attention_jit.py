@@ -38,42 +38,6 @@ def _fp8_e4m3_from_bytes(x):
 
 
 @triton.jit
-def _fp16_from_fp8_words(w):
-    """Four e4m3 values a 32-bit word (byte i: element i) as four fp16 values (two
-    cvt.rn.f16x2.e4m3x2)."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b16 lo, hi;
-        .reg .b32 a, b;
-        mov.b32 {lo, hi}, $4;
-        cvt.rn.f16x2.e4m3x2 a, lo;
-        cvt.rn.f16x2.e4m3x2 b, hi;
-        mov.b32 {$0, $1}, a;
-        mov.b32 {$2, $3}, b;
-        }""",
-        "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
-        is_pure=True, pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
-def _load_fp8_as_fp16(ptr, row_off, key_ok, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """An FP8 K or V tile [TILE_N, BLOCK_D] as fp16, converted as loaded, its bytes read four
-    a word along the head dimension. Left to Triton, the bytes were read in the dots' operand
-    layouts: V's dimension there, the keys, is strided in the cache (one shared-memory load a
-    byte). sm_90 decode loop: 1,075 instructions a tile before, 901 after (bf16 KV: 723).
-    row_off: each key's byte offset (a multiple of 4); HEAD_DIM a multiple of 4."""
-    j = tl.arange(0, BLOCK_D // 4)
-    ok = key_ok[:, None] & (j < HEAD_DIM // 4)[None, :]
-    words = ptr.to(tl.pointer_type(tl.int32)) + (row_off // 4)[:, None] + j[None, :]
-    w = tl.load(words, mask=ok, other=0)  # the byte 0 is +0.0 in e4m3
-    e0, e1, e2, e3 = _fp16_from_fp8_words(w)
-    t = tl.join(tl.join(e0, e1), tl.join(e2, e3))  # [TILE_N, BLOCK_D / 4, b0, b1]: byte b0 + 2 b1
-    t = tl.permute(t, (0, 1, 3, 2))
-    return tl.reshape(t, (w.shape[0], BLOCK_D))
-
-
-@triton.jit
 def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr, DTYPE: tl.constexpr):
     """K or V values in DTYPE (the dot's; FP8 values are exact in fp16/bf16), 0 where masked."""
     if FP8_FROM_BYTES:  # `other` cannot be cast to fp8: zero the masked lanes after decoding
@@ -126,7 +90,6 @@ def _attend_tile(
     USE_WINDOW: tl.constexpr,
     KV_FP8: tl.constexpr,
     FP8_FROM_BYTES: tl.constexpr,
-    FP8_WORDS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
@@ -137,13 +100,8 @@ def _attend_tile(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
 
-    if FP8_WORDS:
-        k_row = block * stride_k_b + slot * stride_k_t
-        k = tl.trans(_load_fp8_as_fp16(k_ptr, k_row, key_ok, HEAD_DIM, BLOCK_D))
-    else:
-        k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
-        k_ok = d_ok[:, None] & key_ok[None, :]
-        k = _load_kv(k_ptr + k_off, k_ok, KV_FP8, FP8_FROM_BYTES, q.dtype)
+    k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
+    k = _load_kv(k_ptr + k_off, d_ok[:, None] & key_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
     s = _dot(q, k, None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
     if KV_FP8:
@@ -162,12 +120,8 @@ def _attend_tile(
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
 
-    v_row = block * stride_v_b + slot * stride_v_t
-    if FP8_WORDS:
-        v = _load_fp8_as_fp16(v_ptr, v_row, key_ok, HEAD_DIM, BLOCK_D)
-    else:
-        v_ok = key_ok[:, None] & d_ok[None, :]
-        v = _load_kv(v_ptr + v_row[:, None] + d[None, :], v_ok, KV_FP8, FP8_FROM_BYTES, q.dtype)
+    v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
+    v = _load_kv(v_ptr + v_off, key_ok[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     if KV_FP8:
         vs = tl.load(v_scale_ptr + block * stride_vs_b + slot * stride_vs_t, mask=key_ok, other=0)
         if q.shape[0] < BLOCK_D:
@@ -237,7 +191,6 @@ def _paged_attention_kernel(
     DYNAMIC_SPLITS: tl.constexpr,  # the split count is read from splits_ptr (CUDA graphs)
     KV_FP8: tl.constexpr,
     FP8_FROM_BYTES: tl.constexpr,
-    FP8_WORDS: tl.constexpr,  # FP8 K/V read four bytes a word, as fp16 (_load_fp8_as_fp16)
     DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
 ):
@@ -309,7 +262,7 @@ def _paged_attention_kernel(
                 stride_k_b, stride_k_t, stride_v_b, stride_v_t,
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8, FP8_FROM_BYTES,
-                FP8_WORDS, DOT_PRECISION, INTERPRETED,
+                DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
             tile += 1
     else:
@@ -320,7 +273,7 @@ def _paged_attention_kernel(
                 stride_k_b, stride_k_t, stride_v_b, stride_v_t,
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8, FP8_FROM_BYTES,
-                FP8_WORDS, DOT_PRECISION, INTERPRETED,
+                DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
 
     # one slice (no split-K, or a dynamic count of 1): the result goes straight to out

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, tune
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
   [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -63,6 +63,13 @@ cp /tmp/skiff-cache/qmatmul-tuning.json "$OUT/" 2>/dev/null  # measured tiles: s
 case " $STAGES " in *" sweep "*)
   timeout ${SWEEP_S:-150} python3 -m tools.bench_packed ${SWEEP_ARGS:---families} 2>&1 \
     | tee "$OUT/sweep.txt" ;;
+esac
+case " $STAGES " in *" tune "*)  # batch-1 rows configs timed in the engine's decode steps
+  models 2>&1
+  for t in $TYPES; do
+    timeout ${TUNE_S:-240} python3 -m tools.tune_decode /tmp/l3-$t.gguf --json "$OUT/tune-$t.json" \
+      2>&1 | grep -v "^USDT\|Warning\|warn" | tee "$OUT/tune-$t.txt"
+  done ;;
 esac
 case " $STAGES " in *" rows "*)  # the int8 GEMV over row-interleaved planes vs the shipped config
   timeout ${ROWS_S:-240} python3 -m tools.bench_rows ${ROWS_ARGS:-} --json "$OUT/rows-best.json" \

@@ -275,6 +275,12 @@ def _split_targets(out, pw, n_chunks: int, splits: int) -> tuple[int, int, tuple
     return per_split, splits, (out, part, pw.tickets)
 
 
+def default_rows_split(pw: PackedWeight) -> int:
+    """The rows GEMV's split of an untuned batch-1 shape of this weight (``_rows_split``)."""
+    n_chunks = pw.shape[1] // CHUNK[pw.qtype]
+    return _rows_split(triton.cdiv(pw.shape[0], ROWS), n_chunks, pw.q.device)
+
+
 def _rows_split(tiles: int, n_chunks: int, device: torch.device) -> int:
     """The rows GEMV's split for an untuned shape (4 warps a program): about 31 warps an SM
     (the H200's Q4_K winners kept 2,000-4,000 warps in flight on its 132 SMs, BENCHMARKS.md

@@ -213,7 +213,7 @@ class Tuner:
         # config() runs on every matmul call: resolved configs by (type, shape, bucket, dtype)
         self._resolved: dict[tuple, dict[str, int]] = {}
 
-    def _key(self, pw: PackedWeight, m_bucket: int, dtype: torch.dtype) -> str:
+    def table_key(self, pw: PackedWeight, m_bucket: int, dtype: torch.dtype) -> str:
         n, k = pw.shape
         # batch 1 of an interleaved weight runs another kernel: an entry of its own
         rows = "|rows" if pw.rows32 and m_bucket == 1 else ""
@@ -223,12 +223,20 @@ class Tuner:
         memo = (pw.qtype, pw.shape, bucket(m), dtype, pw.rows32)
         cfg = self._resolved.get(memo)
         if cfg is None:
-            found = self.table.get(self._key(pw, memo[2], dtype))
+            found = self.table.get(self.table_key(pw, memo[2], dtype))
             cfg = found or default_config(
                 m, pw.shape[0], pw.shape[1], self.device, pw.qtype, dtype=dtype
             )
             self._resolved[memo] = cfg
         return cfg
+
+    def set_entries(self, entries: dict[str, dict[str, int]], drop: list[str]) -> None:
+        """Replace the entries of the keys in `drop` by `entries` (those not given fall back to
+        the defaults) for the configs resolved from now on (tools/tune_decode.py)."""
+        for key in drop:
+            self.table.pop(key, None)
+        self.table.update(entries)
+        self._resolved.clear()
 
     def tune(self, pw: PackedWeight, dtype: torch.dtype) -> None:
         """Time candidates for the buckets of this weight's shape (activations of `dtype`) that
@@ -237,7 +245,9 @@ class Tuner:
         mode = os.environ.get("SKIFF_QMATMUL_TUNE", "decode")
         if self.device.type != "cuda" or mode == "0":
             return
-        todo = [m for m in timed_buckets(pw, mode) if self._key(pw, m, dtype) not in self.table]
+        todo = [
+            m for m in timed_buckets(pw, mode) if self.table_key(pw, m, dtype) not in self.table
+        ]
         if not todo:
             return
         copies = weight_copies(pw)  # cold weights for the decode-sized timings
@@ -257,7 +267,7 @@ class Tuner:
                 if ms < best_ms:
                     best, best_ms = cfg, ms
             if best is not None:
-                self.table[self._key(pw, m, dtype)] = best
+                self.table[self.table_key(pw, m, dtype)] = best
         self._resolved.clear()
         self._save()
 

@@ -46,6 +46,7 @@ def test_rows_trials_sweep_the_split_then_the_tiles() -> None:
     assert sorted(t["SPLIT_K"] for t in default_tile) == [s for s in SPLITS if s != 4]
     others = [t for t in trials if t not in default_tile]
     assert others and all(t["SPLIT_K"] == 4 and t["ROWS"] and t["INT8"] for t in others)
+    assert {"ROWS": 1, "INT8": 1, "num_warps": 4, "PREFETCH": 0, "QX": 1, "SPLIT_K": 4} in others
     assert len({json.dumps(t, sort_keys=True) for t in trials}) == len(trials)
 
 

@@ -10,9 +10,10 @@ recaptures the decode graph and times greedy decode (``bench_w1.run_once``). It 
 config before it moves to the next shape (coordinate descent). A candidate replaces the
 default only if it is faster by more than ``MARGIN``.
 
-The candidates of a shape: the default tile (4 warps) at every split, then the other rows tiles
-at the default split. Each is first checked against the default config's product. The winners
-print (and with --json are written) as table entries in ``qmatmul/tuned``'s format.
+The candidates of a shape: the default tile (4 warps) at every split, then at the default split
+the same tile rounding its activations itself (QX) and the other rows tiles. Each is first
+checked against the default config's product. The winners print (and with --json are written)
+as table entries in ``qmatmul/tuned``'s format.
 """
 
 from __future__ import annotations
@@ -53,13 +54,15 @@ def coordinate_search(
 
 
 def rows_trials(default_split: int) -> list[dict]:
-    """The default tile (4 warps, no prefetch or prologue rounding) at every split, then the
-    other rows tiles at the default split."""
+    """The default tile (4 warps, no prefetch or prologue rounding) at every split, then at the
+    default split the same tile with QX and the other rows tiles."""
     from shared.kernels.qmatmul.tuning import ROWS_TILES
 
     tile = {"ROWS": 1, "INT8": 1, "num_warps": 4, "PREFETCH": 0, "QX": 0}
     out = [{**tile, "SPLIT_K": s} for s in SPLITS if s != default_split]
-    for w, p, qx in ROWS_TILES:
+    # the default tile rounding its activations in its prologue (QX: no rounding launch of its
+    # own, 129 launches and 0.16 ms of a Q4_K_M step in BENCHMARKS.md (u)), then the other tiles
+    for w, p, qx in ((4, 0, 1), *ROWS_TILES):
         if (w, p, qx) != (4, 0, 0):
             out.append({**tile, "num_warps": w, "PREFETCH": p, "QX": qx, "SPLIT_K": default_split})
     return out

@@ -304,9 +304,7 @@ def paged_attention(
     fp8_from_bytes = kv_fp8 and not _native_fp8(q.device)
     if fp8_from_bytes:
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    compute_dtype = k_cache.dtype
-    if kv_fp8:  # fp16 dots (the kernel's comment), float32 for float32 queries
-        compute_dtype = q.dtype if q.dtype == torch.float32 else torch.float16
+    compute_dtype = q.dtype if kv_fp8 else k_cache.dtype
     ks = k_scale if kv_fp8 else k_cache  # a pointer the kernel never reads without FP8
     vs = v_scale if kv_fp8 else v_cache
     ks_strides = k_scale.stride() if kv_fp8 else (0, 0, 0)

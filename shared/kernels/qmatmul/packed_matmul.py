@@ -259,7 +259,7 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp) -> None:
     tiles = triton.cdiv(pw.shape[0], ROWS)
     if not cfg.get("ROWS"):
         cfg = {"ROWS": 1, "num_warps": 4}
-    splits = cfg.get("SPLIT_K") or _rows_split(tiles, n_chunks, x.device)
+    splits = cfg.get("SPLIT_K") or default_rows_split(pw)
     per_split, splits, targets = _split_targets(out, pw, n_chunks, splits)
     launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp)
 
@@ -276,16 +276,13 @@ def _split_targets(out, pw, n_chunks: int, splits: int) -> tuple[int, int, tuple
 
 
 def default_rows_split(pw: PackedWeight) -> int:
-    """The rows GEMV's split of an untuned batch-1 shape of this weight (``_rows_split``)."""
+    """The rows GEMV's split for an untuned batch-1 shape (4 warps a program): about 31 warps
+    an SM (the H200's Q4_K winners kept 2,000-4,000 warps in flight on its 132 SMs,
+    BENCHMARKS.md 2026-11-30 (t); it beat every tuned pick inside W1's steps in (u)), at least
+    four chunks a split (one a warp), at most 16 splits."""
+    tiles = triton.cdiv(pw.shape[0], ROWS)
     n_chunks = pw.shape[1] // CHUNK[pw.qtype]
-    return _rows_split(triton.cdiv(pw.shape[0], ROWS), n_chunks, pw.q.device)
-
-
-def _rows_split(tiles: int, n_chunks: int, device: torch.device) -> int:
-    """The rows GEMV's split for an untuned shape (4 warps a program): about 31 warps an SM
-    (the H200's Q4_K winners kept 2,000-4,000 warps in flight on its 132 SMs, BENCHMARKS.md
-    2026-11-30 (t)), at least four chunks a split (one a warp), at most 16 splits."""
-    target = 31 * num_sms(device) // 4  # programs
+    target = 31 * num_sms(pw.q.device) // 4  # programs
     return max(1, min(16, target // tiles, n_chunks // 4))
 
 

@@ -100,7 +100,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         xq = torch.empty(k // 4, dtype=torch.int32)
         xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
         args = [x, xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
-        consts = {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act}
+        consts = {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemm-i8":  # int8 codes and activations on the tensor cores (packed_gemm8)
         g8 = importlib.import_module("shared.kernels.qmatmul.packed_gemm8")
@@ -198,10 +198,11 @@ def compile_attention(kv: str, query_len: int, arch: int = 90, device_splits: bo
             self.fn.__name__, self.warmup(*args, grid=grid, **kw)
         )
 
-    saved = (JITFunction.__getitem__, pa._native_fp8, pa._num_sms, driver._active)
+    saved = (JITFunction.__getitem__, pa._native_fp8, pa._num_sms, pa.pdl, driver._active)
     driver.set_active(_CompileOnlyDriver(arch))
     JITFunction.__getitem__ = compile_only
     pa._native_fp8, pa._num_sms = (lambda device: True), (lambda device: 132)
+    pa.pdl = lambda device, kernel: arch >= 90  # launched early, as on a GPU (gdc)
     try:
         b, ctx, bs, n_kv, hd = 16, 32768, 16, 8, 128
         blocks = b * ctx // bs
@@ -218,7 +219,7 @@ def compile_attention(kv: str, query_len: int, arch: int = 90, device_splits: bo
             k_scale=scales, v_scale=scales, max_seq_len=ctx, **splits,
         )  # fmt: skip
     finally:
-        JITFunction.__getitem__, pa._native_fp8, pa._num_sms, driver._active = saved
+        JITFunction.__getitem__, pa._native_fp8, pa._num_sms, pa.pdl, driver._active = saved
     return compiled["_paged_attention_kernel"]
 
 

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
+
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # A row lives in registers; past this a looped two-pass kernel would be needed.
 _MAX_ROW = 65536
@@ -37,7 +39,10 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
 ):
+    launch_next(PDL)
+    wait_prev(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     n_heads = tl.num_programs(1)
@@ -99,9 +104,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError(f"rms_norm: {n_heads} heads exceed the grid limit of 65535")
     stride_h = x.stride(1) if x.dim() == 3 else 0
     block, num_warps = _launch_config(n)
+    early = pdl(x.device, _rms_norm_kernel)
     _rms_norm_kernel[(n_rows, n_heads)](
         x, x, weight, out, out, x.stride(0), stride_h, 0, n, eps,
-        HAS_RESIDUAL=False, BLOCK_N=block, num_warps=num_warps,
+        HAS_RESIDUAL=False, BLOCK_N=block, PDL=early, num_warps=num_warps, **launch_kw(early),
     )  # fmt: skip
     return out
 
@@ -130,8 +136,9 @@ def add_rms_norm(
     if x.numel() == 0:
         return normed, new_residual
     block, num_warps = _launch_config(n)
+    early = pdl(x.device, _rms_norm_kernel)
     _rms_norm_kernel[(x.shape[0], 1)](
         x, residual, weight, normed, new_residual, x.stride(0), 0, residual.stride(0), n, eps,
-        HAS_RESIDUAL=True, BLOCK_N=block, num_warps=num_warps,
+        HAS_RESIDUAL=True, BLOCK_N=block, PDL=early, num_warps=num_warps, **launch_kw(early),
     )  # fmt: skip
     return normed, new_residual

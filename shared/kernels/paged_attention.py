@@ -24,6 +24,7 @@ import triton
 
 from shared.kernels.device import interpreted
 from shared.kernels.device import num_sms as _num_sms  # a module name the tests can patch
+from shared.kernels.gdc import launch_kw, pdl
 from shared.kernels.paged_attention_jit import (
     _combine_splits_kernel,
     _fp8_e4m3_from_bytes,
@@ -324,6 +325,7 @@ def paged_attention(
     splits_t = num_splits_t if dynamic else seq_lens  # a pointer never read without DYNAMIC
     block_q = tiles.block_m // group
     grid = (n_tokens // block_q + num_seqs, n_kv_heads, num_splits)
+    early = pdl(q.device, _paged_attention_kernel)
     _paged_attention_kernel[grid](
         out, part_acc, part_m, part_l,
         q, k_cache, v_cache, ks, vs,
@@ -347,8 +349,10 @@ def paged_attention(
         FP8_FROM_BYTES=fp8_from_bytes,
         DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
         INTERPRETED=_interpreted(),
+        PDL=early,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        **launch_kw(early),
     )  # fmt: skip
     if num_splits > 1:
         _combine_splits_kernel[(n_tokens, n_heads)](
@@ -359,5 +363,7 @@ def paged_attention(
             SPLITS=triton.next_power_of_2(num_splits),
             DYNAMIC_SPLITS=dynamic,
             INTERPRETED=_interpreted(),
+            PDL=early,
+            **launch_kw(early),
         )  # fmt: skip
     return out

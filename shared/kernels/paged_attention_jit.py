@@ -6,6 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from shared.kernels.gdc import launch_next, wait_prev
 from shared.kernels.rounding import to_dtype
 
 FP16_MAX = tl.constexpr(65504.0)
@@ -193,7 +194,10 @@ def _paged_attention_kernel(
     FP8_FROM_BYTES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
+    PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
 ):
+    launch_next(PDL)
+    wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     n_splits = num_splits
@@ -313,7 +317,10 @@ def _combine_splits_kernel(
     SPLITS: tl.constexpr,  # num_splits rounded up to a power of two
     DYNAMIC_SPLITS: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
 ):
+    launch_next(PDL)
+    wait_prev(PDL)  # before the early return, as the attention kernel's
     n_splits = num_splits
     if DYNAMIC_SPLITS:
         n_splits = tl.load(splits_ptr)

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
+
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FP8_DTYPE = torch.float8_e4m3fn
 _FP8_MAX = 448.0
@@ -116,9 +118,12 @@ def _rope_write_kv_kernel(
     BLOCK_PAIRS: tl.constexpr,  # >= ROPE_DIM // 2
     BLOCK_PASS: tl.constexpr,  # >= HEAD_DIM - ROPE_DIM
     BLOCK_D: tl.constexpr,  # >= HEAD_DIM
+    PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
 ):
     # grid: (T, q head groups + kv head groups); a program rotates BH q heads, or rotates BH
     # k heads and stores them with their v heads.
+    launch_next(PDL)
+    wait_prev(PDL)
     t = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     n_q_groups = tl.cdiv(n_heads, BH)
@@ -309,6 +314,7 @@ def rope_and_write_kv(
     bh = min(triton.next_power_of_2(max(n_heads, n_kv_heads)), max(1, _TILE_ELEMENTS // block_d))
     n_groups = triton.cdiv(n_heads, bh) + triton.cdiv(n_kv_heads, bh)
     scale_strides = k_scale_cache.stride() if fp8 else (0, 0, 0)
+    early = pdl(q.device, _rope_write_kv_kernel)
     _rope_write_kv_kernel[(n_tokens, n_groups)](
         q, k, v, q_out, positions, slot_mapping, k_cache, v_cache,
         k_scale_cache if fp8 else k_cache, v_scale_cache if fp8 else v_cache,
@@ -320,6 +326,6 @@ def rope_and_write_kv(
         HAS_FREQ_FACTORS=freq_factors is not None, FP8=fp8, FP8_MAX=_FP8_MAX,
         BH=bh, BLOCK_PAIRS=triton.next_power_of_2(rope_dim // 2),
         BLOCK_PASS=triton.next_power_of_2(max(head_dim - rope_dim, 1)), BLOCK_D=block_d,
-        num_warps=4,
+        PDL=early, num_warps=4, **launch_kw(early),
     )  # fmt: skip
     return q_out

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
 from shared.kernels.qmatmul.packed import PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields
 
@@ -66,8 +67,12 @@ def quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W: tl.constexpr, G: tl.cons
 
 
 @triton.jit
-def quantize_x_kernel(x_ptr, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
-    """One chunk a program (``program_id(0)``)."""
+def quantize_x_kernel(
+    x_ptr, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr
+):  # fmt: skip
+    """One chunk a program (``program_id(0)``); PDL: launched early (``gdc``)."""
+    launch_next(PDL)
+    wait_prev(PDL)
     quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, tl.program_id(0), W, G)
 
 
@@ -133,5 +138,8 @@ def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
     """x [K] -> (xq, xd, xs) for the int8 GEMVs over pw's layout (one small launch)."""
     xq, xd, xs = int8_buffers(x, pw)
     f = fields(pw)
-    quantize_x_kernel[(xd.numel() // f["G"],)](x, xq, xd, xs, W=f["W"], G=f["G"], num_warps=1)
+    early = pdl(x.device, quantize_x_kernel)
+    quantize_x_kernel[(xd.numel() // f["G"],)](
+        x, xq, xd, xs, W=f["W"], G=f["G"], PDL=early, num_warps=1, **launch_kw(early)
+    )  # fmt: skip
     return xq, xd, xs

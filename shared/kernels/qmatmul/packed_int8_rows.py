@@ -14,7 +14,9 @@ planes are interleaved in tiles of 32 rows, and a warp owns a tile:
   chunk's four-word groups stay in one thread: its int32 sums per sub-block need no shuffle,
   and the scales meet them once per chunk (``scale_j * dx_j * sum(q * xq) - shift_j * sum(x)``);
 - split-K over a second grid axis, the last program of a tile adding the partials
-  (``split_tickets``).
+  (``split_tickets``);
+- on Hopper it is launched early (``gdc``): a program loads its first chunks' weights, then
+  waits for the kernel that rounded the activations.
 
 The result equals ``packed_int8``'s up to float32 summation order (the same rounded
 activations, the same integer sums per sub-block): tests/test_kernel_packed_int8_rows.py.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
 from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0, _byte, _half, _signed
@@ -244,8 +247,10 @@ def gemv_int8_rows_kernel(
     PREFETCH: tl.constexpr,  # request the next KW chunks before multiplying these
     QX: tl.constexpr,  # round this split's activation chunks here (no launch of their own)
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
+    PDL: tl.constexpr,  # launched early (gdc): the first chunks load before wait_prev
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
+    launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
     rows = tile * ROWS + tl.arange(0, ROWS)
     c0 = tl.program_id(1) * per_split
@@ -260,14 +265,20 @@ def gemv_int8_rows_kernel(
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, True)
             cb += KW
     elif not PREFETCH:
+        # the first chunks' weights load while the previous kernel ends (PDL); the rest as a loop
+        cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
+                    stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+        wait_prev(PDL)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
-        for cb in range(c0, c1, KW):
+        acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
+        for cb in range(c0 + KW, c1, KW):
             cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
                         stride_q, stride_s, stride_d, W, KW)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
     else:
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
                     stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+        wait_prev(PDL)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)  # the first loads in flight
         for cb in range(c0, c1, KW):
             nxt = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb + KW,
@@ -285,8 +296,9 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     qx = bool(cfg.get("QX"))
     xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
     warps = cfg.get("num_warps", 4)
+    early = pdl(x.device, gemv_int8_rows_kernel)
     gemv_int8_rows_kernel[grid](
         x, xq, xd, xs, *planes(pw), *targets, pw.shape[0], n_chunks, per_split, *strides(pw),
         **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")), QX=qx,
-        ACT=act, INTERPRETED=interp, num_warps=warps,
+        ACT=act, PDL=early, INTERPRETED=interp, num_warps=warps, **launch_kw(early),
     )  # fmt: skip

@@ -40,9 +40,9 @@ def _layer(x, res, w_norm, pw_up, pw_down, kv, meta):
     from shared.kernels.rope_kv import rope_and_write_kv
 
     h, res2 = add_rms_norm(x, res, w_norm, 1e-5)
-    qkv = packed_matmul(h, pw_up, act=0)  # [1, 4096]: q 2048, k 1024, v 1024
-    heads = qkv.view(1, 24, 128)
-    q, k, v = heads[:, :16], heads[:, 16:20], heads[:, 20:]
+    qkv = packed_matmul(h, pw_up, act=0)  # [1, 4096]: 16 q heads, 8 k, 8 v
+    heads = qkv.view(1, 32, 128)
+    q, k, v = heads[:, :16], heads[:, 16:24], heads[:, 24:]
     pos, slots, tables, starts, lens = meta
     q = rope_and_write_kv(q, k, v, pos, kv[0], kv[1], slots, 128, 500000.0, False)
     o = paged_attention(q, kv[0], kv[1], tables, starts, lens, 0.088, max_query_len=1,
@@ -65,7 +65,7 @@ def test_graph_of_early_launches_matches_plain_launches(monkeypatch) -> None:
     pw_down = interleave(pack(random_raw(T.Q6_K, 8192, 2048, seed=2).to(dev), T.Q6_K, (8192, 2048)))
     w_norm = torch.rand(2048, generator=g).to(dev, torch.bfloat16) + 0.5
     blocks, bs, ctx = 256, 16, 3000
-    kv = [torch.randn(blocks, bs, 4, 128, generator=g).to(dev, torch.bfloat16) for _ in range(2)]
+    kv = [torch.randn(blocks, bs, 8, 128, generator=g).to(dev, torch.bfloat16) for _ in range(2)]
     tables = torch.randperm(blocks, generator=g)[None].to(dev, torch.int32)
     pos = torch.tensor([ctx - 1], device=dev)
     slot = int(tables[0, (ctx - 1) // bs]) * bs + (ctx - 1) % bs
@@ -85,6 +85,7 @@ def test_graph_of_early_launches_matches_plain_launches(monkeypatch) -> None:
     for i in range(20):
         x.copy_(inputs(i)[0]), res.copy_(inputs(i)[1])
         want.append([t.clone() for t in _layer(x, res, w_norm, pw_up, pw_down, kv, meta)])
+        assert all(torch.isfinite(t).all() for t in want[-1])
     monkeypatch.setenv("SKIFF_PDL", "1")
     _layer(x, res, w_norm, pw_up, pw_down, kv, meta)  # compiles the early-launched kernels
     graph = torch.cuda.CUDAGraph()

@@ -31,8 +31,10 @@ def test_coordinate_search_keeps_only_clear_wins() -> None:
     assert calls[0] == {}  # the defaults first
     assert chosen == {"a": {"v": 1}, "b": {"v": 2}}
     assert base == 100.0 and abs(best - 100.0 * 1.12) < 1e-9
-    # b's candidates were measured with a's winner in place
+    # b's candidates were measured with a's winner in place, which was measured again first
     assert {"a": {"v": 1}, "b": {"v": 1}} in calls
+    again = [i for i, c in enumerate(calls) if c == {"a": {"v": 1}}]
+    assert len(again) == 2 and calls.index({"a": {"v": 1}, "b": {"v": 1}}) > again[1]
     # a gain inside the margin keeps the default
     tiny = {("a", 1): 0.004, ("a", 2): -0.1, ("b", 1): 0.0, ("b", 2): 0.0}
     speed.update(tiny)

@@ -39,10 +39,13 @@ def coordinate_search(
 ) -> tuple[dict[str, dict], float, float]:
     """Entries {key: config} chosen one key at a time: the key's candidates measured with the
     entries chosen so far (``measure`` returns tok/s, higher is better; a key without an entry
-    takes its default). Returns (entries, tok/s with none, tok/s with them)."""
+    takes its default), against those entries measured again just before. Returns (entries,
+    tok/s with none, tok/s with them as last measured)."""
     chosen: dict[str, dict] = {}
     base = best = measure(chosen)
-    for key in keys:
+    for i, key in enumerate(keys):
+        if i:  # the incumbent again: W1 drifted by up to 7 % over one search (BENCHMARKS.md (v))
+            best = measure(chosen)
         pick = None
         for cfg in candidates(key):
             got = measure({**chosen, key: cfg})

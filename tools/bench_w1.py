@@ -1,13 +1,15 @@
 """W1: batch-1 decode through the engine's real path (scheduler, paged KV, CUDA graphs).
 
     python -m tools.bench_w1 MODEL.gguf [MODEL.gguf ...] [--prompt 512] [--gen 128] [--runs 3]
+                             [--kv-dtype auto|fp8|...]
 
 Per model: a 512-token prompt of random ids (prefix caching off, so every run prefills), then
 128 tokens generated greedily with EOS ignored, with overlapped steps as the server runs them
 (``--no-overlap``: one step at a time, the host's work between steps exposed). Prints one
 JSON line per model: prefill tok/s (prompt tokens / time to the first token), decode tok/s
 (tokens after the first / their time), the median over the runs, and the HBM bound: file
-bytes / 4.3 TB/s.
+bytes / 4.3 TB/s. W6's decode speed at 32k context: ``--prompt 32000 --kv-dtype fp8`` against
+``--kv-dtype bfloat16``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ def run_once(
 
 
 def bench(
-    path: Path, device: str, prompt_len: int, gen: int, runs: int, overlap: bool = False
+    path: Path,
+    device: str,
+    prompt_len: int,
+    gen: int,
+    runs: int,
+    overlap: bool = False,
+    kv_dtype: str = "auto",
 ) -> dict:
     from shared.engine import Sequence
     from shared.engine.factory import EngineConfig, build_engine
@@ -54,7 +62,7 @@ def bench(
             model_path=str(path), device=device, dtype="bfloat16",
             max_model_len=prompt_len + gen + 16,
             kv_blocks=(prompt_len + gen) // 16 + 64, max_batch_tokens=max(2048, prompt_len),
-            prefix_caching=False, max_seqs=1, overlap=overlap,
+            prefix_caching=False, max_seqs=1, overlap=overlap, kv_dtype=kv_dtype,
         )
     )  # fmt: skip
     load_s = time.perf_counter() - t
@@ -76,6 +84,7 @@ def bench(
         f"tg{gen}_tok_s": round(tg_med, 1),
         "tg_runs": [round(x, 1) for x in tg], "bound_tok_s": round(bound, 1),
         "of_bound": round(tg_med / bound, 3),
+        "kv_cache": str(engine.runner.kv.k[0].dtype).removeprefix("torch."),
     }  # fmt: skip
 
 
@@ -91,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         help="overlapped engine steps, as the server runs them by default (--no-overlap: one "
         "step at a time; the W1 figures of BENCHMARKS.md up to (r) ran that way)",
     )  # fmt: skip
+    p.add_argument("--kv-dtype", default="auto", help="the KV cache's dtype (EngineConfig)")
     a = p.parse_args(argv)
     for path in a.models:
-        result = bench(path, a.device, a.prompt, a.gen, a.runs, a.overlap)
+        result = bench(path, a.device, a.prompt, a.gen, a.runs, a.overlap, a.kv_dtype)
         print(json.dumps(result | {"overlap": a.overlap}), flush=True)
         torch.cuda.empty_cache()
     return 0

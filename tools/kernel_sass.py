@@ -159,6 +159,10 @@ def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: 
     sig = {name: sig[name] for name in names}
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": 2}
+    if kind.startswith("gemv-r8"):  # as launch_int8_rows launches it
+        from shared.kernels.qmatmul.packed_int8_rows import MAXNREG
+
+        options["maxnreg"] = MAXNREG
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 

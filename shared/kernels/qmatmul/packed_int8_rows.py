@@ -37,9 +37,14 @@ from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
 from shared.kernels.qmatmul.split_tickets import finish_rows
 
-__all__ = ["ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows"]
+__all__ = ["MAXNREG", "ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows"]
 
 ROWS = tl.constexpr(_ROWS)
+# Registers a thread: 64 lets an SM hold eight 4-warp programs. Left to itself the compiler
+# gave Q4_K 82 (five programs an SM), so the 896 programs of a 28672-row or 4096x14336 GEMV
+# ran in 1.4 waves. At 64 no type spills and the loop grows by at most 3 % (15 % with
+# PREFETCH); tools/kernel_sass compiles it this way.
+MAXNREG = 64
 
 
 # Shapes put the rows first: Triton orders a load's dimensions by contiguity and then by
@@ -300,5 +305,6 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     gemv_int8_rows_kernel[grid](
         x, xq, xd, xs, *planes(pw), *targets, pw.shape[0], n_chunks, per_split, *strides(pw),
         **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")), QX=qx,
-        ACT=act, PDL=early, INTERPRETED=interp, num_warps=warps, **launch_kw(early),
+        ACT=act, PDL=early, INTERPRETED=interp, num_warps=warps, maxnreg=MAXNREG,
+        **launch_kw(early),
     )  # fmt: skip

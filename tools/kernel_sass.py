@@ -160,9 +160,9 @@ def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: 
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": 2}
     if kind.startswith("gemv-r8"):  # as launch_int8_rows launches it
-        from shared.kernels.qmatmul.packed_int8_rows import MAXNREG
+        from shared.kernels.qmatmul.packed_int8_rows import maxnreg
 
-        options["maxnreg"] = MAXNREG
+        options["maxnreg"] = maxnreg(qtype)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 

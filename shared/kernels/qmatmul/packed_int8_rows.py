@@ -37,14 +37,19 @@ from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
 from shared.kernels.qmatmul.split_tickets import finish_rows
 
-__all__ = ["MAXNREG", "ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows"]
+__all__ = ["ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows", "maxnreg"]
 
 ROWS = tl.constexpr(_ROWS)
-# Registers a thread: 64 lets an SM hold eight 4-warp programs. Left to itself the compiler
-# gave Q4_K 82 (five programs an SM), so the 896 programs of a 28672-row or 4096x14336 GEMV
-# ran in 1.4 waves. At 64 no type spills and the loop grows by at most 3 % (15 % with
-# PREFETCH); tools/kernel_sass compiles it this way.
-MAXNREG = 64
+
+
+def maxnreg(qtype: int) -> int | None:
+    """The register cap a thread (None: the compiler's choice). 64 lets an SM hold eight 4-warp
+    programs: left to itself the compiler gave Q4_K 82 (five programs an SM), so the 896
+    programs of a 28672-row or 4096x14336 GEMV ran in 1.4 waves. At 64 no type spills and the
+    loop grows by at most 3 % (15 % with PREFETCH). On the H200 (BENCHMARKS.md (v)) W1 went
+    383.7 -> 397.5 tok/s for Q4_K_M and 372.7 -> 382.7 for Q6_K, but 357.0 -> 352.5 for Q8_0,
+    whose 61 registers already fit eight: Q8_0 keeps the compiler's choice."""
+    return None if qtype == int(Q8_0) else 64
 
 
 # Shapes put the rows first: Triton orders a load's dimensions by contiguity and then by
@@ -305,6 +310,6 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     gemv_int8_rows_kernel[grid](
         x, xq, xd, xs, *planes(pw), *targets, pw.shape[0], n_chunks, per_split, *strides(pw),
         **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")), QX=qx,
-        ACT=act, PDL=early, INTERPRETED=interp, num_warps=warps, maxnreg=MAXNREG,
+        ACT=act, PDL=early, INTERPRETED=interp, num_warps=warps, maxnreg=maxnreg(pw.qtype),
         **launch_kw(early),
     )  # fmt: skip

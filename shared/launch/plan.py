@@ -30,6 +30,7 @@ class ServeConfig:
     api_keys: tuple[str, ...] = ()
     served_model_name: str | None = None
     dtype: str | None = None  # None: each worker's default
+    kv_dtype: str | None = None  # None: the workers' default (the activation dtype)
     max_model_len: int | None = None
     kv_blocks: int | None = None
     max_batch_tokens: int | None = None
@@ -53,6 +54,7 @@ class ServeConfig:
             api_keys=tuple(args.api_key or ()),
             served_model_name=args.served_model_name,
             dtype=args.dtype,
+            kv_dtype=args.kv_dtype,
             max_model_len=args.max_model_len,
             kv_blocks=args.kv_blocks,
             max_batch_tokens=args.max_batch_tokens,
@@ -76,6 +78,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", action="append", help="accepted bearer token; repeat for several")
     p.add_argument("--served-model-name", default=None, help="model name of the API")
     p.add_argument("--dtype", default=None, choices=DTYPES, help="activation dtype of workers")
+    p.add_argument(
+        "--kv-dtype",
+        default=None,
+        choices=[*DTYPES, "fp8"],
+        help="KV cache dtype of workers (default: the activation dtype; fp8: e4m3 with "
+        "per-token scales, on sm_89+ GPUs)",
+    )
     p.add_argument("--max-model-len", type=int, default=None, help="context limit per request")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per worker")
     p.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per step")
@@ -208,6 +217,7 @@ def plan_processes(
         gateway += ["--api-key", key]
     optional = {
         "--dtype": config.dtype,
+        "--kv-dtype": config.kv_dtype,
         "--max-model-len": config.max_model_len,
         "--kv-blocks": config.kv_blocks,
         "--max-batch-tokens": config.max_batch_tokens,

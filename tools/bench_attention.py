@@ -6,6 +6,9 @@ chunk over a cached prefix; reports TFLOP/s over the causal (and windowed) query
 `--splits 1 2 4 8 16`: instead, small decode batches at short contexts with each split count,
 timed as a decode step runs them (replayed from a CUDA graph: no Python launch cost), to choose
 `default_num_splits`' rule from (W1 at batch 1 spent 0.56 ms a token in attention, 8 programs).
+`--batches` and `--contexts` change its grid: `--splits 16 32 64 128 --batches 1
+--contexts 8192 32768` asks whether long single streams want more than `_MAX_SPLITS` slices
+(BENCHMARKS.md (v): about 97 us a layer at 32k, latency-bound).
 
 `--chunks`: instead, W3's steps: a prompt chunk of 256/384/512 tokens over a 4k-28k prefix beside
 7 decodes at 2k keys, graph-replayed, by split count (auto: chunk_num_splits) and prefill tiles.
@@ -150,6 +153,10 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--window", type=int, default=0, help="sliding window (0: full attention)")
     p.add_argument("--splits", type=int, nargs="*", help="sweep these split counts (see above)")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8], help="with --splits")
+    p.add_argument(
+        "--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="with --splits"
+    )
     p.add_argument("--chunks", action="store_true", help="W3's chunk steps (see above)")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -160,8 +167,8 @@ def main() -> None:
         return
     if args.splits:
         print("decode, graph-replayed: us per call by split count (auto: default_num_splits)")
-        for batch in (1, 2, 4, 8):
-            for ctx in (512, 1024, 2048, 4096):
+        for batch in args.batches:
+            for ctx in args.contexts:
                 q_lens, seq_lens = [1] * batch, [ctx] * batch
                 times = {
                     s: run(args, q_lens, seq_lens, graph=True, num_splits=s) for s in args.splits

@@ -33,7 +33,7 @@ case " $STAGES " in *" tests "*)
     tests/test_sampling.py tests/test_dequant.py} 2>&1 | tail -30 | tee "$OUT/pytest-kernels.log" ;;
 esac
 case " $STAGES " in *" attn "*)  # batch 1-8 decode attention by split count (graph-replayed)
-  timeout ${ATTN_S:-90} python3 -m tools.bench_attention --splits 1 2 4 8 16 2>&1 \
+  timeout ${ATTN_S:-90} python3 -m tools.bench_attention ${ATTN_ARGS:---splits 1 2 4 8 16} 2>&1 \
     | tee "$OUT/attn-splits.txt" ;;
 esac
 case " $STAGES " in *" kv "*)  # W6's decode attention at 1k-32k: bf16 against FP8 KV

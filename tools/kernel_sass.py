@@ -123,7 +123,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     if kind == "x16":  # packed_gemm16's activation conversion (one row-chunk a program)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
         xh = torch.empty(m, k, dtype=torch.float16)
-        consts = {"W": WORDS[pw.qtype], "FP16_MAX": 65504.0}
+        consts = {"W": WORDS[pw.qtype]}
         return g16._x16_kernel, [x, xh, k, k], consts
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)

@@ -7,9 +7,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_next, wait_prev
-from shared.kernels.rounding import to_dtype
-
-FP16_MAX = tl.constexpr(65504.0)
+from shared.kernels.rounding import fp16_range, to_dtype
 
 
 @triton.jit
@@ -130,8 +128,7 @@ def _attend_tile(
             # probabilities, p @ (v * s) = (p * s) @ v, one multiply per score, not per value
             p = p * vs.to(tl.float32)[None, :]
         else:
-            v = v.to(tl.float32) * vs.to(tl.float32)[:, None]
-            v = tl.minimum(tl.maximum(v, -FP16_MAX), FP16_MAX).to(q.dtype)
+            v = fp16_range(v.to(tl.float32) * vs.to(tl.float32)[:, None]).to(q.dtype)
     p = to_dtype(p, q.dtype, INTERPRETED)
     v = to_dtype(v, q.dtype, INTERPRETED)
     acc = _dot(p, v, acc * alpha[:, None], DOT_PRECISION, INTERPRETED)
@@ -232,7 +229,7 @@ def _paged_attention_kernel(
         if q_ptr.dtype.element_ty == tl.float32:
             q = q.to(tl.float32)
         else:
-            q = tl.minimum(tl.maximum(q.to(tl.float32), -FP16_MAX), FP16_MAX).to(tl.float16)
+            q = fp16_range(q.to(tl.float32)).to(tl.float16)
     else:
         q = to_dtype(q, k_cache_ptr.dtype.element_ty, INTERPRETED)
 

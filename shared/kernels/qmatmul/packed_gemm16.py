@@ -40,11 +40,11 @@ from shared.kernels.qmatmul.packed_gemm import (
     store_tile,
     strides,
 )
+from shared.kernels.rounding import fp16_range
 
 __all__ = ["F16_TYPES", "chunk_order", "launch_gemm16", "prepare_x16"]
 
 F16_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})
-_FP16_MAX = 65504.0
 Q4_K = tl.constexpr(int(GGMLQuantizationType.Q4_K))
 Q6_K = tl.constexpr(int(GGMLQuantizationType.Q6_K))
 
@@ -286,14 +286,13 @@ def chunk_order(k: int, words: int, device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _x16_kernel(x_ptr, out_ptr, stride_x, stride_o, W: tl.constexpr, FP16_MAX: tl.constexpr):
+def _x16_kernel(x_ptr, out_ptr, stride_x, stride_o, W: tl.constexpr):
     """One chunk of one row: x's columns in ``chunk_order``'s order, clamped to fp16's range."""
     row = tl.program_id(0).to(tl.int64)
     base = tl.program_id(1) * (8 * W)
     p = tl.arange(0, 8 * W)
     src = W * ((p // 2) % 4 + 4 * (p % 2)) + p // 8
-    v = tl.load(x_ptr + row * stride_x + base + src).to(tl.float32)
-    v = tl.minimum(tl.maximum(v, -FP16_MAX), FP16_MAX)
+    v = fp16_range(tl.load(x_ptr + row * stride_x + base + src).to(tl.float32))
     tl.store(out_ptr + row * stride_o + base + p, v.to(tl.float16))
 
 
@@ -303,9 +302,7 @@ def prepare_x16(x: torch.Tensor, words: int) -> torch.Tensor:
     m, k = x.shape
     out = torch.empty((m, k), dtype=torch.float16, device=x.device)
     if m:
-        _x16_kernel[(m, k // (8 * words))](
-            x, out, x.stride(0), out.stride(0), W=words, FP16_MAX=_FP16_MAX, num_warps=1
-        )
+        _x16_kernel[(m, k // (8 * words))](x, out, x.stride(0), out.stride(0), W=words, num_warps=1)
     return out
 
 

@@ -139,6 +139,22 @@ def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None
     assert replays["decode"] > 5 and replays["mixed"] == 0
 
 
+def test_cuda_graph_decode_split_count_follows_the_context(
+    cuda: str, synthetic_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decode graphs are sized for max_model_len (16 slices at batch 1 here) but each replay
+    slices attention by its own longest context (under 192 keys: at most 2 slices of 64),
+    set on the device; the tokens are eager's (test_cuda_graph_decode_matches_eager)."""
+    from shared.engine.cuda_graphs import StepGraphs
+    from tests.spies import record_results
+
+    limits = record_results(monkeypatch, StepGraphs, "_split_limit")
+    counts = record_results(monkeypatch, StepGraphs, "_decode_splits")
+    _, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=512)
+    assert len(counts) == replays["decode"] > 5
+    assert min(counts) >= 1 and max(counts) <= 2 < max(limits)
+
+
 def test_cuda_graph_mixed_steps_match_eager(cuda: str, synthetic_dir: Path) -> None:
     """Prompt chunks beside decodes (a 96-token budget chunks the longer prompts) replayed from
     the mixed-step graphs give the same tokens as eager steps."""

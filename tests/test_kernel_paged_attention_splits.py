@@ -48,7 +48,8 @@ def test_auto_split_for_long_decode(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_num_splits() -> None:
-    assert pa.default_num_splits(1, 8, 32768, 132) == 16  # capped
+    assert pa.default_num_splits(1, 8, 32768, 132) == 32  # capped
+    assert pa.default_num_splits(1, 8, 1 << 20, 132) == 32
     assert pa.default_num_splits(16, 8, 8192, 132) == 3  # 128 programs -> 384
     assert pa.default_num_splits(64, 8, 4096, 132) == 1  # 512 programs fill the GPU already
     assert pa.default_num_splits(16, 8, 1024, 132) == 1  # measured: splitting 1k lost 2x
@@ -107,3 +108,24 @@ def test_chunk_num_splits() -> None:
     assert pa.chunk_num_splits([1] * 8, [40000] * 8, 32, 8, 128, 132, 8) == 1  # decode batch
     assert pa.chunk_num_splits([], [], 32, 8, 128, 132, 8) == 1
     assert [pa.chunk_split_limit(n) for n in (64, 512, 640, 1024, 2048, 8192)] == [8, 8, 6, 4, 2, 2]
+
+
+def test_graph_decode_reads_its_split_count_on_the_device() -> None:
+    """A decode step of a CUDA graph passes the device-held count (sized for the graph's
+    longest context) unless the layer is windowed or the graph has no split; eager decode
+    steps pass nothing (the kernel's rule at their own longest context)."""
+    from shared.model.batch import ForwardBatch
+    from shared.model.ops_backend import TritonOps
+
+    def batch(splits_t: torch.Tensor | None, most: int, query_len: int = 1) -> ForwardBatch:
+        z = torch.zeros(1, dtype=torch.int64)
+        return ForwardBatch(z, z, z, z.view(1, 1).int(), [], [], z, z.int(), z.int(), query_len,
+                            40, attn_splits_t=splits_t, max_attn_splits=most)  # fmt: skip
+
+    ops, q, count = TritonOps(), torch.zeros(1, 32, 128), torch.ones(1, dtype=torch.int32)
+    assert ops._splits(q, 8, batch(count, 32), 0) == {"num_splits": 32, "num_splits_t": count}
+    assert ops._splits(q, 8, batch(count, 32), 1024) == {}  # a window: the kernel's own rule
+    assert ops._splits(q, 8, batch(count, 1), 0) == {}  # a graph sized for one slice
+    assert ops._splits(q, 8, batch(None, 0), 0) == {}  # eager
+    mixed = ops._splits(q, 8, batch(count, 8, query_len=64), 0)
+    assert mixed == {"num_splits": 8, "num_splits_t": count}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from shared.kernels.device import num_sms
-from shared.kernels.paged_attention import chunk_num_splits, chunk_split_limit
+from shared.kernels.paged_attention import chunk_num_splits, chunk_split_limit, default_num_splits
 from shared.kv import KVPool
 from shared.model import ForwardBatch
 from shared.model.causal_lm import CausalLM
@@ -73,7 +73,10 @@ class StepGraphs:
         self.seq_lens = torch.zeros(s, dtype=torch.int32, device=dev)
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)  # decode: row i is token i
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
+        # attention's split-K slices, set before each replay: a mixed step's from its chunks, a
+        # decode step's from its longest context (a graph sized for max_model_len would else
+        # slice a 512-token context as finely as a 32k one)
+        self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)
         self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[str, int], torch.Tensor] = {}
         self.pool = None
@@ -101,9 +104,24 @@ class StepGraphs:
             seq_lens_t=self.seq_lens[:seqs],
             max_query_len=1 if kind == "decode" else b,  # b > 1: prefill tiles
             max_seq_len=self.max_model_len,
-            attn_splits_t=None if kind == "decode" else self.attn_splits,
-            max_attn_splits=chunk_split_limit(b),
+            attn_splits_t=self.attn_splits,
+            max_attn_splits=self._split_limit(kind, b),
         )
+
+    def _split_limit(self, kind: str, b: int) -> int:
+        """The most split-K slices a graph's attention is sized for: a decode bucket's at the
+        longest context (default_num_splits), a mixed bucket's by its workspace."""
+        if kind == "mixed":
+            return chunk_split_limit(b)
+        cfg = self.model.cfg
+        return default_num_splits(b, cfg.n_kv_heads, self.max_model_len, num_sms(self.device))
+
+    def _decode_splits(self, batch: ForwardBatch, b: int) -> int:
+        """A decode step's slices: the rule at its longest context, within the graph's size."""
+        cfg = self.model.cfg
+        seqs = batch.seq_lens_t.shape[0]
+        n = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, num_sms(self.device))
+        return max(1, min(n, self._split_limit("decode", b)))
 
     def capture(self) -> None:
         """Capture every bucket, largest first so smaller graphs reuse its memory pool. Every
@@ -191,6 +209,8 @@ class StepGraphs:
         self.seq_lens[seqs:s_pad].zero_()
         if kind == "mixed":
             self.attn_splits.fill_(self._chunk_splits(batch, b))
+        else:
+            self.attn_splits.fill_(self._decode_splits(batch, b))
         self.graphs[key].replay()
         self.replays[kind] += 1
         self.last_key = key

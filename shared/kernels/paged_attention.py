@@ -40,7 +40,9 @@ _SPLIT_MIN_KEYS = 2048  # H200: shorter slices lost to the combine pass (B=16, 1
 # ... except in batches of fewer than num_sms / 2 programs, where one 64-key tile a slice wins
 # (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (g): B=1 at 512 keys 13.7 -> 7.4 us with 8)
 _SPLIT_MIN_KEYS_SMALL = 64
-_MAX_SPLITS = 16
+# at most this many (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (w): batch 1 over 32k keys
+# took 101 us with 16 slices and 59 with 32, bf16 and FP8 alike; 2k and 8k gained 24-37 %)
+_MAX_SPLITS = 32
 # Steps with prompt chunks: a chunk of a few hundred tokens over a long prefix runs fewer long
 # programs than the GPU has SMs (384 tokens at GQA 4: 12 query tiles x 8 KV heads = 96 programs
 # for 132 SMs, each walking the whole prefix). Such steps split too, when the prefix is long.
@@ -89,8 +91,8 @@ def default_num_splits(num_seqs: int, n_kv_heads: int, max_kv_len: int, num_sms:
     leaves the GPU idle while each program walks a long context alone. Split until there are about
     2 * num_sms programs, keeping at least _SPLIT_MIN_KEYS keys per slice, at most _MAX_SPLITS.
     Batches of fewer than num_sms / 2 programs (batch 1-8 of a GQA model) split down to one key
-    tile a slice, by a power of two at or under 2 * num_sms programs (the H200's best: 16 at
-    batch 1-2, 8 at 4, 4 at 8).
+    tile a slice, by a power of two at or under 2 * num_sms programs (the H200's best: 32 at
+    batch 1, 16 at 2, 8 at 4, 4 at 8).
     """
     programs = max(1, num_seqs * n_kv_heads)
     if 2 * programs <= num_sms:

@@ -141,15 +141,21 @@ class TritonOps(TorchOps):
             k_scale=ks,
             v_scale=vs,
             max_seq_len=batch.max_seq_len,
-            **self._chunk_splits(q, kc.shape[2], batch, sliding_window),
+            **self._splits(q, kc.shape[2], batch, sliding_window),
         )
 
-    def _chunk_splits(
+    def _splits(
         self, q: torch.Tensor, n_kv_heads: int, batch: ForwardBatch, sliding_window: int
     ) -> dict:
-        """Split-K arguments for a step with prompt chunks (decode batches choose their own):
-        a slice count from the batch's lengths, or the device-held one of a CUDA graph."""
-        if batch.max_query_len <= 1 or 0 < sliding_window < self._attn_k.CHUNK_SPLIT_MIN_CONTEXT:
+        """Split-K arguments: the device-held slice count of a CUDA graph (decode and mixed
+        steps), or for an eager step with prompt chunks a count from the batch's lengths
+        (eager decode batches choose their own; so do windowed layers, whose window bounds
+        the keys: the graph's count is set for the longest context)."""
+        if batch.max_query_len <= 1:
+            if batch.attn_splits_t is None or batch.max_attn_splits <= 1 or sliding_window:
+                return {}
+            return {"num_splits": batch.max_attn_splits, "num_splits_t": batch.attn_splits_t}
+        if 0 < sliding_window < self._attn_k.CHUNK_SPLIT_MIN_CONTEXT:
             return {}
         if batch.attn_splits_t is not None:
             return {"num_splits": batch.max_attn_splits, "num_splits_t": batch.attn_splits_t}

@@ -4,7 +4,8 @@
 #   PROFILE_RUNS="Q4_K 28672 4096 {\"BLOCK_N\": 128, \"INT8\": 1, \"SPLIT_K\": 4};Q4_K 4096 4096"
 # one run per ';'-separated entry: type, N, K and an optional tile config (JSON; default tiles
 # without); PROFILE_KERNEL: the kernel-name regex (default: every GEMV, float and int8);
-# PROFILE_SOURCE=1 adds the sampled stall locations (SourceCounters).
+# PROFILE_SOURCE=1 adds the sampled stall locations (SourceCounters); PROFILE_ARGS are passed
+# to every profile_gemv run (--rows: the row-interleaved planes and their GEMV).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 RUNS=${PROFILE_RUNS:-"Q4_K 4096 4096;Q4_K 28672 4096"}
@@ -18,7 +19,8 @@ for e in "${ENTRIES[@]}"; do
     --section LaunchStats --section Occupancy --section SchedulerStats \
     ${PROFILE_SOURCE:+--section SourceCounters} \
     python3 -m tools.profile_gemv --type "$t" --n "$n" --k "$k" ${cfg:+--config "$cfg"} \
-    2>&1 | grep -v "^==PROF==" >> "$OUT/ncu-gemv.txt"
-  python3 -m tools.profile_gemv --type "$t" --n "$n" --k "$k" ${cfg:+--config "$cfg"} 2>&1 \
+    ${PROFILE_ARGS:-} 2>&1 | grep -v "^==PROF==" >> "$OUT/ncu-gemv.txt"
+  python3 -m tools.profile_gemv --type "$t" --n "$n" --k "$k" ${cfg:+--config "$cfg"} \
+    ${PROFILE_ARGS:-} 2>&1 \
     | tail -1 >> "$OUT/gemv-times.txt"  # plain timing without the profiler
 done

@@ -5,6 +5,8 @@
 
 Without --config it uses the default tiles (packed_matmul.default_config); it prints the
 config and the median time of a plain launch (not the cold-weight graph timing of bench_packed).
+--rows interleaves the planes (packed_rows), as CUDA layers of the int8 types keep them: batch
+1 then runs the rows GEMV (packed_int8_rows) with the dispatch's own config.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
+from shared.kernels.qmatmul.packed_rows import interleave
 from tools.bench_qgemv import random_weight
 
 
@@ -28,11 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--config", default=None, help="tile config as JSON")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--rows", action="store_true", help="row-interleaved planes")
     args = parser.parse_args(argv)
     qtype = T[args.type]
     pw = pack(random_weight(qtype, args.n, args.k), qtype, (args.n, args.k))
     x = torch.randn(1, args.k, device="cuda", dtype=torch.float16)
     cfg = json.loads(args.config) if args.config else default_config(1, args.n, args.k, x.device)
+    if args.rows:
+        pw = interleave(pw)
+        cfg = json.loads(args.config) if args.config else None
     for _ in range(args.runs):
         packed_matmul(x, pw, config=cfg)
     torch.cuda.synchronize()

@@ -110,22 +110,23 @@ def test_chunk_num_splits() -> None:
     assert [pa.chunk_split_limit(n) for n in (64, 512, 640, 1024, 2048, 8192)] == [8, 8, 6, 4, 2, 2]
 
 
-def test_graph_decode_reads_its_split_count_on_the_device() -> None:
-    """A decode step of a CUDA graph passes the device-held count (sized for the graph's
-    longest context) unless the layer is windowed or the graph has no split; eager decode
-    steps pass nothing (the kernel's rule at their own longest context)."""
+def test_decode_split_arguments() -> None:
+    """A decode graph's batch names its slice count, which every layer but a windowed one
+    passes on; eager decode steps pass nothing (the kernel's rule at their longest context);
+    mixed-step graphs pass their device-held count."""
     from shared.model.batch import ForwardBatch
     from shared.model.ops_backend import TritonOps
 
-    def batch(splits_t: torch.Tensor | None, most: int, query_len: int = 1) -> ForwardBatch:
+    def batch(splits: int, query_len: int = 1, splits_t: torch.Tensor | None = None):
         z = torch.zeros(1, dtype=torch.int64)
         return ForwardBatch(z, z, z, z.view(1, 1).int(), [], [], z, z.int(), z.int(), query_len,
-                            40, attn_splits_t=splits_t, max_attn_splits=most)  # fmt: skip
+                            40, attn_splits=splits, attn_splits_t=splits_t,
+                            max_attn_splits=8)  # fmt: skip
 
-    ops, q, count = TritonOps(), torch.zeros(1, 32, 128), torch.ones(1, dtype=torch.int32)
-    assert ops._splits(q, 8, batch(count, 32), 0) == {"num_splits": 32, "num_splits_t": count}
-    assert ops._splits(q, 8, batch(count, 32), 1024) == {}  # a window: the kernel's own rule
-    assert ops._splits(q, 8, batch(count, 1), 0) == {}  # a graph sized for one slice
-    assert ops._splits(q, 8, batch(None, 0), 0) == {}  # eager
-    mixed = ops._splits(q, 8, batch(count, 8, query_len=64), 0)
+    ops, q = TritonOps(), torch.zeros(1, 32, 128)
+    assert ops._splits(q, 8, batch(16), 0) == {"num_splits": 16}
+    assert ops._splits(q, 8, batch(16), 1024) == {}  # a window: the kernel's own rule
+    assert ops._splits(q, 8, batch(0), 0) == {}  # eager
+    count = torch.ones(1, dtype=torch.int32)
+    mixed = ops._splits(q, 8, batch(0, query_len=64, splits_t=count), 0)
     assert mixed == {"num_splits": 8, "num_splits_t": count}

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shared.engine.cuda_graphs import StepGraphs, mixed_buckets
+from shared.engine.cuda_graphs import (
+    StepGraphs,
+    decode_split_counts,
+    mixed_buckets,
+    pick_split_count,
+)
 from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
 
@@ -17,6 +22,20 @@ def test_mixed_buckets_reach_the_token_budget() -> None:
     assert mixed_buckets(100) == [64, 96, 128]
     assert mixed_buckets(3000)[-3:] == [1536, 2048, 3008]
     assert mixed_buckets(10) == [64]
+
+
+def test_decode_buckets_are_captured_at_the_split_counts_of_short_contexts() -> None:
+    """Llama-3-8B's 8 KV heads on 132 SMs: batch 1 at 512 / 1024 / 32k keys wants 8 / 16 / 32
+    slices, batch 2 wants 8 / 16 / 16, batch 4 always 8."""
+    assert decode_split_counts(1, 8, 32768, 132) == [8, 16, 32]
+    assert decode_split_counts(2, 8, 32768, 132) == [8, 16]
+    assert decode_split_counts(4, 8, 32768, 132) == [8]
+    assert decode_split_counts(64, 8, 32768, 132) == [1]
+    assert decode_split_counts(1, 8, 256, 132) == [4]  # no context above max_model_len
+    counts = [8, 16, 32]
+    assert [pick_split_count(counts, n) for n in (1, 8, 10, 16, 31, 32, 40)] == [
+        8, 8, 8, 16, 16, 32, 32,
+    ]  # fmt: skip
 
 
 def _graphs(max_batch_tokens: int) -> StepGraphs:

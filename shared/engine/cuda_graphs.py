@@ -34,6 +34,26 @@ MIXED_BUCKETS = (64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 1024,
 GRAPH_MODES = ("all", "decode", "off")  # which steps replay graphs (--cuda-graphs)
 
 
+# Decode graphs bake attention's split-K count in at capture (default_num_splits). At the
+# longest context alone, short ones are cut too finely: empty slices cost (H200, batch 1 over
+# 512 keys: 7.5 us with 8 slices, 9.5 with 16, BENCHMARKS.md 2026-11-30 (w)); reading the
+# count on the device instead cost W1 2.8 % (w). So a bucket is also captured at the counts
+# of these contexts where they differ, and a step replays the largest count its own does not
+# exceed.
+DECODE_SPLIT_CONTEXTS = (512, 1024)
+
+
+def decode_split_counts(b: int, n_kv_heads: int, max_model_len: int, sms: int) -> list[int]:
+    """The attention slice counts decode bucket b is captured at (ascending)."""
+    contexts = [n for n in DECODE_SPLIT_CONTEXTS if n < max_model_len] + [max_model_len]
+    return sorted({default_num_splits(b, n_kv_heads, n, sms) for n in contexts})
+
+
+def pick_split_count(counts: list[int], want: int) -> int:
+    """The largest of a bucket's counts (ascending) not above want, else its smallest."""
+    return max((n for n in counts if n <= want), default=counts[0])
+
+
 def mixed_buckets(max_batch_tokens: int) -> list[int]:
     """Token counts mixed steps are captured at: MIXED_BUCKETS up to max_batch_tokens, and
     max_batch_tokens itself (rounded up to 64) when it lies between them or above."""
@@ -73,12 +93,15 @@ class StepGraphs:
         self.seq_lens = torch.zeros(s, dtype=torch.int32, device=dev)
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)  # decode: row i is token i
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
-        # attention's split-K slices, set before each replay: a mixed step's from its chunks, a
-        # decode step's from its longest context (a graph sized for max_model_len would else
-        # slice a 512-token context as finely as a 32k one)
-        self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)
-        self.graphs: dict[tuple[str, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[str, int], torch.Tensor] = {}
+        self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
+        # decode buckets' attention slices, one graph each (decode_split_counts)
+        sms, heads = num_sms(dev), model.cfg.n_kv_heads if model is not None else 1
+        self.decode_splits = {
+            b: decode_split_counts(b, heads, max_model_len, sms) for b in self.buckets
+        }
+        # by (kind, bucket, attention slices: 0 for mixed steps, whose count is set on the device)
+        self.graphs: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[str, int, int], torch.Tensor] = {}
         self.pool = None
         self.logits: torch.Tensor | None = None  # every graph's logits (capture)
         self.replays = {"decode": 0, "mixed": 0}  # steps replayed, by kind
@@ -88,8 +111,9 @@ class StepGraphs:
         """Logits rows of a graph: one a sequence (decode), at most max_seqs (mixed)."""
         return b if kind == "decode" else min(b, self.max_seqs)
 
-    def _batch(self, kind: str, b: int) -> ForwardBatch:
-        """The static batch of a graph: decode bucket b, or mixed bucket b (tokens)."""
+    def _batch(self, kind: str, b: int, splits: int = 0) -> ForwardBatch:
+        """The static batch of a graph: decode bucket b with attention in `splits` slices, or
+        mixed bucket b (tokens)."""
         seqs = b if kind == "decode" else self.max_seqs
         rows = (self.rows if kind == "decode" else self.mixed_rows)[: self._rows(kind, b)]
         return ForwardBatch(
@@ -104,24 +128,10 @@ class StepGraphs:
             seq_lens_t=self.seq_lens[:seqs],
             max_query_len=1 if kind == "decode" else b,  # b > 1: prefill tiles
             max_seq_len=self.max_model_len,
-            attn_splits_t=self.attn_splits,
-            max_attn_splits=self._split_limit(kind, b),
+            attn_splits=splits,
+            attn_splits_t=None if kind == "decode" else self.attn_splits,
+            max_attn_splits=chunk_split_limit(b),
         )
-
-    def _split_limit(self, kind: str, b: int) -> int:
-        """The most split-K slices a graph's attention is sized for: a decode bucket's at the
-        longest context (default_num_splits), a mixed bucket's by its workspace."""
-        if kind == "mixed":
-            return chunk_split_limit(b)
-        cfg = self.model.cfg
-        return default_num_splits(b, cfg.n_kv_heads, self.max_model_len, num_sms(self.device))
-
-    def _decode_splits(self, batch: ForwardBatch, b: int) -> int:
-        """A decode step's slices: the rule at its longest context, within the graph's size."""
-        cfg = self.model.cfg
-        seqs = batch.seq_lens_t.shape[0]
-        n = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, num_sms(self.device))
-        return max(1, min(n, self._split_limit("decode", b)))
 
     def capture(self) -> None:
         """Capture every bucket, largest first so smaller graphs reuse its memory pool. Every
@@ -131,13 +141,13 @@ class StepGraphs:
         self.query_start_loc.zero_()
         self.seq_lens.zero_()
         self.slot_mapping.fill_(-1)
-        keys = [("mixed", b) for b in reversed(self.mixed)]
-        keys += [("decode", b) for b in reversed(self.buckets)]
-        rows = max(self._rows(*key) for key in keys)
+        keys = [("mixed", b, 0) for b in reversed(self.mixed)]
+        keys += [("decode", b, n) for b in reversed(self.buckets) for n in self.decode_splits[b]]
+        rows = max(self._rows(kind, b) for kind, b, _ in keys)
         vocab = self.model.cfg.vocab_size
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=self.device)
         for key in keys:
-            batch = self._batch(*key)
+            batch = self._batch(*key)  # (kind, bucket, slices)
             self.model(batch, self.kv)  # compiles the kernels outside the capture
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
@@ -207,11 +217,14 @@ class StepGraphs:
         self.query_start_loc[seqs + 1 : s_pad + 1].fill_(n)
         self.seq_lens[:seqs].copy_(batch.seq_lens_t, non_blocking=True)
         self.seq_lens[seqs:s_pad].zero_()
+        graph = (kind, b, 0)
         if kind == "mixed":
             self.attn_splits.fill_(self._chunk_splits(batch, b))
         else:
-            self.attn_splits.fill_(self._decode_splits(batch, b))
-        self.graphs[key].replay()
+            cfg = self.model.cfg
+            want = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, num_sms(self.device))
+            graph = (kind, b, pick_split_count(self.decode_splits[b], want))
+        self.graphs[graph].replay()
         self.replays[kind] += 1
         self.last_key = key
-        return self.outputs[key][:rows]
+        return self.outputs[graph][:rows]

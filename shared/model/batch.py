@@ -34,9 +34,10 @@ class ForwardBatch:
     max_seq_len: int
     # per-forward memo of RoPE tables (key: rope parameters), so layers sharing them compute once
     rope_tables: dict = field(default_factory=dict)
-    # split-K slices of the attention: for an eager step with prompt chunks chosen once a
-    # forward from the host lengths (0: not yet); in CUDA graphs (decode and mixed steps) read on
-    # the device from attn_splits_t, the launches sized for max_attn_splits
+    # split-K slices of the attention: a decode graph's count (0: the kernel's rule); for an
+    # eager step with prompt chunks chosen once a forward from the host lengths (0: not yet);
+    # mixed-step graphs read it on the device from attn_splits_t, launches sized for
+    # max_attn_splits
     attn_splits: int = 0
     attn_splits_t: torch.Tensor | None = None
     max_attn_splits: int = 0

@@ -147,14 +147,16 @@ class TritonOps(TorchOps):
     def _splits(
         self, q: torch.Tensor, n_kv_heads: int, batch: ForwardBatch, sliding_window: int
     ) -> dict:
-        """Split-K arguments: the device-held slice count of a CUDA graph (decode and mixed
-        steps), or for an eager step with prompt chunks a count from the batch's lengths
-        (eager decode batches choose their own; so do windowed layers, whose window bounds
-        the keys: the graph's count is set for the longest context)."""
+        """Split-K arguments. Decode steps: a CUDA graph's own count (cuda_graphs'
+        decode_split_counts), else the kernel's rule at the batch's longest context; so do
+        windowed layers, whose window bounds the keys. Steps with prompt chunks: a CUDA
+        graph's device-held count, or one from the batch's lengths."""
         if batch.max_query_len <= 1:
-            if batch.attn_splits_t is None or batch.max_attn_splits <= 1 or sliding_window:
-                return {}
-            return {"num_splits": batch.max_attn_splits, "num_splits_t": batch.attn_splits_t}
+            return (
+                {"num_splits": batch.attn_splits}
+                if batch.attn_splits and not sliding_window
+                else {}
+            )
         if 0 < sliding_window < self._attn_k.CHUNK_SPLIT_MIN_CONTEXT:
             return {}
         if batch.attn_splits_t is not None:

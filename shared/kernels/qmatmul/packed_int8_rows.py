@@ -43,13 +43,14 @@ ROWS = tl.constexpr(_ROWS)
 
 
 def maxnreg(qtype: int) -> int | None:
-    """The register cap a thread (None: the compiler's choice). 64 lets an SM hold eight 4-warp
-    programs: left to itself the compiler gave Q4_K 82 (five programs an SM), so the 896
-    programs of a 28672-row or 4096x14336 GEMV ran in 1.4 waves. At 64 no type spills and the
-    loop grows by at most 3 % (15 % with PREFETCH). On the H200 (BENCHMARKS.md (v)) W1 went
-    383.7 -> 397.5 tok/s for Q4_K_M and 372.7 -> 382.7 for Q6_K, but 357.0 -> 352.5 for Q8_0,
-    whose 61 registers already fit eight: Q8_0 keeps the compiler's choice."""
-    return None if qtype == int(Q8_0) else 64
+    """The register cap a thread (None: the compiler's choice). Left to itself the compiler gave
+    Q4_K 82: five 4-warp programs an SM, so the 896 programs of a 28672-row or 4096x14336 GEMV
+    ran in 1.4 waves. 72 fits seven (924 programs on 132 SMs: one wave) and spills less than
+    64 (ncu: 43,008 local-memory spill requests in the Q4_K 28672x4096 GEMV at 64, BENCHMARKS.md
+    2026-11-30 (w)). On the H200, W1 Q4_K_M: 383.7 tok/s uncapped, 397.5 at 64 ((v)); in one
+    call of (w), 385.0 at 64 and 399.9 at 72. Q8_0 keeps the compiler's choice: its 61 registers
+    fit eight programs already, and the cap at 64 cost it 1.3 % ((v))."""
+    return None if qtype == int(Q8_0) else 72
 
 
 # Shapes put the rows first: Triton orders a load's dimensions by contiguity and then by

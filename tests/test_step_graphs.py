@@ -33,9 +33,10 @@ def test_decode_buckets_are_captured_at_the_split_counts_of_short_contexts() -> 
     assert decode_split_counts(64, 8, 32768, 132) == [1]
     assert decode_split_counts(1, 8, 256, 132) == [4]  # no context above max_model_len
     counts = [8, 16, 32]
-    assert [pick_split_count(counts, n) for n in (1, 8, 10, 16, 31, 32, 40)] == [
-        8, 8, 8, 16, 16, 32, 32,
+    assert [pick_split_count(counts, n) for n in (1, 8, 9, 16, 17, 32, 40)] == [
+        8, 8, 16, 16, 32, 32, 32,
     ]  # fmt: skip
+    assert pick_split_count([1], 2) == 1
 
 
 def _graphs(max_batch_tokens: int) -> StepGraphs:

@@ -131,7 +131,7 @@ def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, 
     NG: tl.constexpr = W // 4
     r3 = tl.arange(0, ROWS)[:, None, None]
     # chunks past c1 read chunk c1 - 1 (in bounds, unmasked: no registers to clear first);
-    # their activation scales are loaded as zero (_field), so they add nothing
+    # their activation scales are loaded as zero (_x_scales), so they add nothing
     k3 = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :, None]
     unit = k3 * NG + tl.arange(0, NG)[None, None, :]  # [1, KW, NG]: the group's index
     at = (unit * ROWS + r3) * 4  # [32, KW, NG]
@@ -179,37 +179,54 @@ def _x_words(xq_ptr, cb, c1, NG: tl.constexpr, KW: tl.constexpr, G: tl.constexpr
 
 
 @triton.jit
-def _field(part, add, n, x, xd_ptr, xs_ptr, a, b, c, live, J: tl.constexpr, G: tl.constexpr,
-           S: tl.constexpr, OFFSET: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
-    """Sub-block J of the chunks: part += a_J * dx_J * sum over groups of dp4a(codes, x),
-    add += b_J * sum(x_J)."""
+def _x_scales(ptr, cb, c1, KW: tl.constexpr, G: tl.constexpr, J0: tl.constexpr):
+    """Fields J0 .. J0 + 3's activation scales (or sums) of the chunks, [32, KW] each: one
+    broadcast 16-byte load a warp (four scalar loads before (w)), zero for chunks at or past
+    c1 (their words are chunk c1 - 1's again, _load's), so they add nothing."""
+    k = (cb + tl.arange(0, KW))[None, :, None]
+    at = tl.broadcast_to(k * G + J0 + tl.arange(0, 4)[None, None, :], (ROWS, KW, 4))
+    v = tl.load(ptr + at, mask=tl.broadcast_to(k < c1, (ROWS, KW, 4)), other=0.0)
+    e, o = tl.split(tl.reshape(v, (ROWS, KW, 2, 2)))
+    v0, v2 = tl.split(e)
+    v1, v3 = tl.split(o)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _field(part, add, n, x, dx, sx, a, b, S: tl.constexpr, OFFSET: tl.constexpr,
+           INTERPRETED: tl.constexpr):  # fmt: skip
+    """One sub-block of the chunks: part += a * dx * sum over groups of dp4a(codes, x),
+    add += b * sx (sx: the sum of its activations)."""
     isum = tl.sum(dot4(n, x, S, INTERPRETED), axis=2)  # [32, KW]
-    dx = tl.load(xd_ptr + c * G + J, mask=live, other=0.0)
     part += a * (dx * isum.to(tl.float32))
     if OFFSET:
-        add += b * tl.load(xs_ptr + c * G + J, mask=live, other=0.0)
+        add += b * sx
     return part, add
 
 
 @triton.jit
-def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0, b1, c, live,
+def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0, b1, cb, c1,
           QTYPE: tl.constexpr, J0: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
           KW: tl.constexpr, S: tl.constexpr, OFFSET: tl.constexpr,
           INTERPRETED: tl.constexpr):  # fmt: skip
     """Sub-blocks J0 .. J0 + 3: their codes n* ([32, KW * NG]) and activation words x*."""
     shape: tl.constexpr = (ROWS, KW, NG)
+    d0, d1, d2, d3 = _x_scales(xd_ptr, cb, c1, KW, G, J0)
+    s0, s1, s2, s3 = d0, d1, d2, d3  # (never read without OFFSET)
+    if OFFSET:
+        s0, s1, s2, s3 = _x_scales(xs_ptr, cb, c1, KW, G, J0)
     a, b = _pair(QTYPE, J0, a0, a1, b0, b1)
-    part, add = _field(part, add, tl.reshape(n0, shape), x0, xd_ptr, xs_ptr, a, b, c, live,
-                       J0, G, S, OFFSET, INTERPRETED)  # fmt: skip
+    part, add = _field(part, add, tl.reshape(n0, shape), x0, d0, s0, a, b, S, OFFSET,
+                       INTERPRETED)  # fmt: skip
     a, b = _pair(QTYPE, J0 + 1, a0, a1, b0, b1)
-    part, add = _field(part, add, tl.reshape(n1, shape), x1, xd_ptr, xs_ptr, a, b, c, live,
-                       J0 + 1, G, S, OFFSET, INTERPRETED)  # fmt: skip
+    part, add = _field(part, add, tl.reshape(n1, shape), x1, d1, s1, a, b, S, OFFSET,
+                       INTERPRETED)  # fmt: skip
     a, b = _pair(QTYPE, J0 + 2, a0, a1, b0, b1)
-    part, add = _field(part, add, tl.reshape(n2, shape), x2, xd_ptr, xs_ptr, a, b, c, live,
-                       J0 + 2, G, S, OFFSET, INTERPRETED)  # fmt: skip
+    part, add = _field(part, add, tl.reshape(n2, shape), x2, d2, s2, a, b, S, OFFSET,
+                       INTERPRETED)  # fmt: skip
     a, b = _pair(QTYPE, J0 + 3, a0, a1, b0, b1)
-    part, add = _field(part, add, tl.reshape(n3, shape), x3, xd_ptr, xs_ptr, a, b, c, live,
-                       J0 + 3, G, S, OFFSET, INTERPRETED)  # fmt: skip
+    part, add = _field(part, add, tl.reshape(n3, shape), x3, d3, s3, a, b, S, OFFSET,
+                       INTERPRETED)  # fmt: skip
     return part, add
 
 
@@ -227,17 +244,15 @@ def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, H
     n0, n1, n2, n3, n4, n5, n6, n7 = _codes(
         QTYPE, HI, w4, tl.reshape(hi, (ROWS, KW * NG)), ROWS, KW * NG, INTERPRETED
     )
-    c = tl.broadcast_to(cb + tl.arange(0, KW)[None, :], (ROWS, KW))
-    live = c < c1
     part = tl.zeros((ROWS, KW), dtype=tl.float32)
     add = tl.zeros((ROWS, KW), dtype=tl.float32)
     x0, x1, x2, x3 = _x_words(xq_ptr, cb, c1, NG, KW, G, 0)
     part, add = _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0, b1,
-                      c, live, QTYPE, 0, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
+                      cb, c1, QTYPE, 0, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
     if G == 8:
         x4, x5, x6, x7 = _x_words(xq_ptr, cb, c1, NG, KW, G, 4)
         part, add = _four(part, add, n4, n5, n6, n7, x4, x5, x6, x7, xd_ptr, xs_ptr, a0, a1, b0,
-                          b1, c, live, QTYPE, 4, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
+                          b1, cb, c1, QTYPE, 4, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
     return acc + fa * part - fb * add
 
 

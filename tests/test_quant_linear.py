@@ -57,6 +57,59 @@ def test_split_linear_fused_equals_separate() -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_split_linear_with_runs_of_one_type() -> None:
+    """Q4_K q and k as one part beside a Q6_K v (Llama-3 Q4_K_M's layers with more bits) give
+    the three projections of separate parts; parts that are not runs of the sizes are refused."""
+    types, sizes = (T.Q4_K, T.Q4_K, T.Q6_K), [32, 16, 16]
+    raws = [
+        random_raw(t, n, K, seed=n + i).to(DEVICE)
+        for i, (t, n) in enumerate(zip(types, sizes, strict=True))
+    ]
+    qk = QuantLinear(torch.cat(raws[:2]), T.Q4_K, (48, K), torch.float32, use_kernels=True)
+    v = QuantLinear(raws[2], T.Q6_K, (16, K), torch.float32, use_kernels=True)
+    split = SplitLinear([qk, v], sizes)
+    assert split.runs == [[32, 16], [16]]
+    x = torch.randn(3, K, device=DEVICE)
+    for got, raw, t, n in zip(split(x), raws, types, sizes, strict=True):
+        want = x.double() @ dequantize(raw, t, (n, K)).double().T
+        assert got.shape == (3, n)
+        assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
+    with pytest.raises(ValueError, match="not a run"):
+        SplitLinear([v, qk], sizes)  # 16 rows first: not a run of 32, 16, 16
+    with pytest.raises(ValueError, match="rows for"):
+        SplitLinear([qk], sizes)
+
+
+def test_loader_fuses_each_run_of_one_type(tmp_path) -> None:
+    """WeightLoader.split_linear: one launch over q and k (Q4_K), one for v (Q6_K)."""
+    from gguf import GGUFWriter
+
+    from shared.loader import GGUFFile
+    from shared.model.ops_backend import TritonOps
+    from shared.model.weights import WeightLoader
+
+    types, sizes = (T.Q4_K, T.Q4_K, T.Q6_K), [32, 16, 16]
+    raws = [
+        random_raw(t, n, K, seed=n + i) for i, (t, n) in enumerate(zip(types, sizes, strict=True))
+    ]
+    w = GGUFWriter(str(tmp_path / "qkv.gguf"), "llama")
+    for name, raw, t in zip("qkv", raws, types, strict=True):
+        w.add_tensor(f"{name}.weight", raw.numpy(), raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    loader = WeightLoader(
+        GGUFFile(tmp_path / "qkv.gguf"), DEVICE, torch.float32, False, TritonOps()
+    )
+    split = loader.split_linear(["q", "k", "v"], sizes, K)
+    assert [p.shape for p in split.parts] == [(48, K), (16, K)]
+    x = torch.randn(2, K, device=DEVICE)
+    for got, raw, t, n in zip(split(x), raws, types, sizes, strict=True):
+        want = x.double() @ dequantize(raw.to(DEVICE), t, (n, K)).double().T
+        assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
+
+
 @pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
 @pytest.mark.parametrize("m", [1, 5, 70])
 def test_gated_linear_equals_the_activation_of_gate_and_up(act: int, m: int) -> None:

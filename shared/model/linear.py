@@ -143,18 +143,38 @@ class QuantEmbedding(nn.Module):
 
 
 class SplitLinear(nn.Module):
-    """Several projections of the same input (Q/K/V; gate/up) as one matmul when their weights
-    share a type: the rows are concatenated at load time and the output is split into views."""
+    """Several projections of the same input (Q/K/V; gate/up), returned in order as views of
+    their parts' outputs. A part multiplies one projection or a run of consecutive ones whose
+    rows were concatenated at load time (``WeightLoader.split_linear``: one part for Q/K/V of
+    one type, two for Llama-3 Q4_K_M's Q4_K q and k beside a Q6_K v)."""
 
     def __init__(self, parts: list[QuantLinear], sizes: list[int]) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
         self.sizes = sizes
+        self.runs: list[list[int]] = []  # the sizes each part's output splits into
+        i = 0
+        for part in parts:
+            j, rows = i, 0
+            while rows < part.shape[0] and j < len(sizes):
+                rows, j = rows + sizes[j], j + 1
+            if rows != part.shape[0]:
+                raise ValueError(
+                    f"SplitLinear: a part of {part.shape[0]} rows is not a run of {sizes}"
+                )
+            self.runs.append(sizes[i:j])
+            i = j
+        if i != len(sizes):
+            raise ValueError(
+                f"SplitLinear: parts of {[p.shape[0] for p in parts]} rows for {sizes}"
+            )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if len(self.parts) == 1:
-            return torch.split(self.parts[0](x), self.sizes, dim=-1)
-        return tuple(part(x) for part in self.parts)
+        out: list[torch.Tensor] = []
+        for part, run in zip(self.parts, self.runs, strict=True):
+            y = part(x)
+            out.extend(torch.split(y, run, dim=-1) if len(run) > 1 else (y,))
+        return tuple(out)
 
 
 class GatedLinear(nn.Module):

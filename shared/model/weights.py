@@ -75,38 +75,43 @@ class WeightLoader:
         )
 
     def split_linear(self, names: list[str], outs: list[int], in_features: int) -> SplitLinear:
-        """Projections of one input; with the kernels, one matmul over the concatenated rows
-        when every weight has the same type (and all or none have a bias)."""
+        """Projections of one input. With the kernels, each run of consecutive weights of one
+        type (and all or none with a bias) is one matmul over their concatenated rows: Llama-3
+        Q4_K_M's Q4_K q and k are one launch beside its Q6_K v, not two (and each a rounding of
+        the activations at batch 1). Without, one matmul each."""
         infos = [self.f.info(f"{name}.weight") for name in names]
-        biases = [self.has(f"{name}.bias") for name in names]
-        fuse = (
-            self.use_kernels
-            and not self.cache_dequantized
-            and len({i.qtype for i in infos}) == 1
-            and len(set(biases)) == 1
-        )
-        if not fuse:
-            return SplitLinear(
-                [self.linear(n, o, in_features) for n, o in zip(names, outs, strict=True)], outs
-            )
-        raws = [
-            self._raw(f"{n}.weight", (o, in_features))[0] for n, o in zip(names, outs, strict=True)
-        ]
+        keys = [(i.qtype, self.has(f"{n}.bias")) for i, n in zip(infos, names, strict=True)]
+        if not self.use_kernels or self.cache_dequantized:
+            keys = list(range(len(names)))  # every projection its own run
+        parts: list[QuantLinear] = []
+        start = 0
+        for end in range(1, len(names) + 1):
+            if end < len(names) and keys[end] == keys[start]:
+                continue
+            run = list(zip(names[start:end], outs[start:end], strict=True))
+            parts.append(self._fused(run, in_features, infos[start].qtype))
+            start = end
+        return SplitLinear(parts, outs)
+
+    def _fused(self, run: list[tuple[str, int]], in_features: int, qtype: int) -> QuantLinear:
+        """One QuantLinear over the rows of the run's weights (one type), biases concatenated."""
+        if len(run) == 1:
+            return self.linear(run[0][0], run[0][1], in_features)
+        raws = [self._raw(f"{n}.weight", (o, in_features))[0] for n, o in run]
         bias = None
-        if biases[0]:
-            bias = torch.cat([self._bias(n, o) for n, o in zip(names, outs, strict=True)])
+        if self.has(f"{run[0][0]}.bias"):
+            bias = torch.cat([self._bias(n, o) for n, o in run])
         raw = torch.cat(raws)
         del raws
-        fused = QuantLinear(
+        return QuantLinear(
             raw,
-            infos[0].qtype,
-            (sum(outs), in_features),
+            qtype,
+            (sum(o for _, o in run), in_features),
             self.compute_dtype,
             bias,
             use_kernels=True,
             tuner=self.tuner,
         )
-        return SplitLinear([fused], outs)
 
     def gated_linear(
         self, gate: str, up: str, out: int, in_features: int, act: int

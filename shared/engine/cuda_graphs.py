@@ -95,11 +95,8 @@ class StepGraphs:
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)  # decode: row i is token i
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
         self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
-        # decode buckets' attention slices, one graph each (decode_split_counts)
-        sms, heads = num_sms(dev), model.cfg.n_kv_heads if model is not None else 1
-        self.decode_splits = {
-            b: decode_split_counts(b, heads, max_model_len, sms) for b in self.buckets
-        }
+        # decode buckets' attention slices, one graph each (decode_split_counts; capture)
+        self.decode_splits: dict[int, list[int]] = {}
         # by (kind, bucket, attention slices: 0 for mixed steps, whose count is set on the device)
         self.graphs: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[str, int, int], torch.Tensor] = {}
@@ -142,6 +139,10 @@ class StepGraphs:
         self.query_start_loc.zero_()
         self.seq_lens.zero_()
         self.slot_mapping.fill_(-1)
+        sms, heads = num_sms(self.device), self.model.cfg.n_kv_heads
+        self.decode_splits = {
+            b: decode_split_counts(b, heads, self.max_model_len, sms) for b in self.buckets
+        }
         keys = [("mixed", b, 0) for b in reversed(self.mixed)]
         keys += [("decode", b, n) for b in reversed(self.buckets) for n in self.decode_splits[b]]
         rows = max(self._rows(kind, b) for kind, b, _ in keys)

@@ -197,7 +197,7 @@ def _paged_attention_kernel(
     n_splits = num_splits
     if DYNAMIC_SPLITS:
         # set before the step's kernels (a graph's input), never by one of them: it is read
-        # while the previous kernel ends, not one memory round trip after it (W1 lost 3.5 %)
+        # while the previous kernel ends, not one memory round trip after it
         n_splits = tl.load(splits_ptr)
     wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
     kv_head = tl.program_id(1)

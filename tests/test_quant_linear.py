@@ -110,6 +110,33 @@ def test_loader_fuses_each_run_of_one_type(tmp_path) -> None:
         assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0])
+def test_rows_gemv_takes_activations_rounded_by_the_norm(qtype: T, monkeypatch) -> None:
+    """At batch 1 over interleaved planes (as CUDA keeps them) a layer names the int8 layout it
+    rounds to; given that rounding made by the RMSNorm (add_rms_norm_int8), it launches none
+    of its own and gives the product it gives without."""
+    import shared.kernels.qmatmul.packed_int8_rows as rows_gemv
+    from shared.kernels.norm import add_rms_norm_int8
+    from shared.kernels.qmatmul.int8_activations import int8_layout
+    from shared.kernels.qmatmul.packed_rows import interleave
+    from tests.spies import record_results
+
+    layer = QuantLinear(random_raw(qtype, N, K, seed=3).to(DEVICE), qtype, (N, K), torch.float32,
+                        use_kernels=True)  # fmt: skip
+    if not layer.packed.rows32:
+        layer.packed = interleave(layer.packed)
+    layout = layer.int8_layout(1)
+    assert layout == int8_layout(layer.packed) and layer.int8_layout(2) is None
+    x, r = torch.randn(1, K, device=DEVICE), torch.randn(1, K, device=DEVICE)
+    h, _, rounded = add_rms_norm_int8(x, r, torch.randn(K, device=DEVICE), 1e-5, (layout,))
+    own = record_results(monkeypatch, rows_gemv, "prepare_int8")
+    want = layer(h)
+    assert len(own) == 1
+    got = layer(h, rounded)
+    assert len(own) == 1  # no rounding launch of its own
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
 @pytest.mark.parametrize("m", [1, 5, 70])
 def test_gated_linear_equals_the_activation_of_gate_and_up(act: int, m: int) -> None:

@@ -227,6 +227,33 @@ def compile_attention(kv: str, query_len: int, arch: int = 90, device_splits: bo
     return compiled["_paged_attention_kernel"]
 
 
+def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90):
+    """The fused residual add + RMSNorm as ``add_rms_norm_int8`` launches it for one Llama-3-8B
+    row (4096, bf16), rounding it to int8 for `layouts` in the same launch."""
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    import shared.kernels.norm as norm
+
+    compiled = {}
+
+    def compile_only(self, grid):
+        return lambda *args, **kw: compiled.setdefault(
+            self.fn.__name__, self.warmup(*args, grid=grid, **kw)
+        )
+
+    saved = (JITFunction.__getitem__, norm.pdl, driver._active)
+    driver.set_active(_CompileOnlyDriver(arch))
+    JITFunction.__getitem__ = compile_only
+    norm.pdl = lambda device, kernel: arch >= 90
+    try:
+        x = torch.empty(1, 4096, dtype=torch.bfloat16)
+        norm.add_rms_norm_int8(x, torch.empty_like(x), torch.empty(4096), 1e-5, layouts)
+    finally:
+        JITFunction.__getitem__, norm.pdl, driver._active = saved
+    return compiled["_rms_norm_kernel"]
+
+
 def _cuobjdump(cubin: bytes, flag: str) -> str:
     """Triton's own cuobjdump on a cubin: -sass (the instructions) or -res-usage."""
     tool = Path(triton.__path__[0]) / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -293,6 +320,18 @@ def main(argv: list[str] | None = None) -> int:
             top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
             done = "compiled for sm_" + str(args.arch) if args.check else f"loop {count} | {top}"
             print(f"{what}: {done}")
+    for layouts in ((), ((32, 8),), ((16, 8), (32, 8)), ((32, 4),)):
+        what = f"add + RMSNorm, rounded for {list(layouts)}"
+        try:
+            compiled = compile_norm(layouts, args.arch)
+        except Exception as exc:  # noqa: BLE001 - report which kernel and why
+            print(f"{what}: FAILED: {type(exc).__name__}: {exc}")
+            return 1
+        count, ops = whole_stats(compiled.asm["cubin"])
+        top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
+        regs = registers(compiled.asm["cubin"])
+        done = "compiled for sm_" + str(args.arch) if args.check else f"{count} | {regs} | {top}"
+        print(f"{what}: {done}")
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemv-i8", 1, 4), ("gemm", 16, 4),
              ("gemm-w", 16, 4), ("gemm", 64, 4), ("gemm-w", 64, 4), ("dequant", 1, 4),

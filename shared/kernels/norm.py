@@ -3,6 +3,11 @@
 One program normalizes one row in registers, in float32 whatever the activation dtype, so a row
 is read once and written once. References: shared/ops/norm.py (`rms_norm`) and
 shared/ops/fused_norm.py (`add_rms_norm_ref`).
+
+``rms_norm_int8`` / ``add_rms_norm_int8``: for a single row (decode at batch 1) the same launch
+also rounds the normed row to int8 for the GEMVs that read it (``int8_activations``: one
+layout a weight type, at most two), from the values it stores, so the codes are those a
+separate rounding launch would make of ``out``; that launch is saved.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
+from shared.kernels.qmatmul.int8_activations import int8_buffers_for, round_chunks
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # A row lives in registers; past this a looped two-pass kernel would be needed.
@@ -32,6 +38,12 @@ def _rms_norm_kernel(
     w_ptr,  # [N]
     out_ptr,  # [T, H, N] contiguous
     res_out_ptr,  # [T, N] contiguous: x + residual, written only when HAS_RESIDUAL
+    xq1_ptr,
+    xd1_ptr,
+    xs1_ptr,  # the row rounded to int8 for layout (W1, G1) (ROUND >= 1)
+    xq2_ptr,
+    xd2_ptr,
+    xs2_ptr,  # ... and for (W2, G2) (ROUND == 2)
     stride_xt,  # int64
     stride_xh,  # int64
     stride_rt,  # int64
@@ -40,6 +52,11 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
+    ROUND: tl.constexpr = 0,  # layouts the (single) row is rounded for: 0, 1 or 2
+    W1: tl.constexpr = 32,
+    G1: tl.constexpr = 8,
+    W2: tl.constexpr = 32,
+    G2: tl.constexpr = 8,
 ):
     launch_next(PDL)
     wait_prev(PDL)
@@ -57,8 +74,16 @@ def _rms_norm_kernel(
         tl.store(res_out_ptr + t * n_cols + cols, s, mask=mask)
         x = s.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _rms_normalize(x, w, n_cols, eps)
-    tl.store(out_ptr + (t * n_heads + h) * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    y = _rms_normalize(x, w, n_cols, eps).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + (t * n_heads + h) * n_cols + cols, y, mask=mask)
+    if ROUND >= 1:  # from the stored values (zero past n_cols: those chunks are not stored)
+        y = y.to(tl.float32)
+        c1 = n_cols // (W1 * G1)
+        y3 = tl.reshape(y, (BLOCK_N // (W1 * G1), G1, W1))
+        round_chunks(y3, 0, c1, xq1_ptr, xd1_ptr, xs1_ptr, W1, G1)
+        if ROUND == 2:
+            y3 = tl.reshape(y, (BLOCK_N // (W2 * G2), G2, W2))
+            round_chunks(y3, 0, n_cols // (W2 * G2), xq2_ptr, xd2_ptr, xs2_ptr, W2, G2)
 
 
 def _check_weight(x: torch.Tensor, weight: torch.Tensor, n: int) -> None:
@@ -106,7 +131,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     block, num_warps = _launch_config(n)
     early = pdl(x.device, _rms_norm_kernel)
     _rms_norm_kernel[(n_rows, n_heads)](
-        x, x, weight, out, out, x.stride(0), stride_h, 0, n, eps,
+        x, x, weight, out, out, *[x] * 6, x.stride(0), stride_h, 0, n, eps,
         HAS_RESIDUAL=False, BLOCK_N=block, PDL=early, num_warps=num_warps, **launch_kw(early),
     )  # fmt: skip
     return out
@@ -120,25 +145,52 @@ def add_rms_norm(
     The sum is taken in float32 and rounded to x's dtype; the norm reads that rounded sum, so
     the result equals rms_norm(new_residual) exactly as the unfused code computes it.
     """
+    normed, new_residual, _ = add_rms_norm_int8(x, residual, weight, eps, ())
+    return normed, new_residual
+
+
+def add_rms_norm_int8(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    layouts: tuple[tuple[int, int], ...],
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """add_rms_norm (rms_norm with residual None: then x is returned as the residual), and for
+    one row its normed row rounded to int8 in the same launch for each (W, G) of layouts (at
+    most two): (normed, new_residual, {(W, G): (xq, xd, xs)} as int8_activations.prepare_int8
+    returns them for a weight of that layout). More rows, or no layouts: an empty dict."""
     if x.dim() != 2:
         raise ValueError(f"add_rms_norm: x must be [T, N], got {tuple(x.shape)}")
-    if residual.shape != x.shape or residual.dtype != x.dtype:
+    has_res = residual is not None
+    if has_res and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(
             f"add_rms_norm: residual {tuple(residual.shape)} {residual.dtype} must match x "
             f"{tuple(x.shape)} {x.dtype}"
         )
-    if residual.device != x.device or residual.stride(-1) != 1:
+    if has_res and (residual.device != x.device or residual.stride(-1) != 1):
         raise ValueError("add_rms_norm: residual must be on x's device with a contiguous last dim")
+    if len(layouts) > 2:
+        raise ValueError(f"add_rms_norm_int8: at most two layouts, got {layouts}")
     n = x.shape[-1]
     _check_weight(x, weight, n)
+    if any(n % (w * g) for w, g in layouts):
+        raise ValueError(f"add_rms_norm_int8: rows of {n} are not whole chunks of {layouts}")
     normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device) if has_res else x
+    rounded = {}
+    if x.shape[0] == 1:
+        rounded = {layout: int8_buffers_for(n, *layout, x.device) for layout in layouts}
     if x.numel() == 0:
-        return normed, new_residual
+        return normed, new_residual, {}
+    bufs = [t for r in rounded.values() for t in r] + [x] * (6 - 3 * len(rounded))
+    shapes = [v for layout in rounded for v in layout] + [32, 8] * (2 - len(rounded))
     block, num_warps = _launch_config(n)
     early = pdl(x.device, _rms_norm_kernel)
     _rms_norm_kernel[(x.shape[0], 1)](
-        x, residual, weight, normed, new_residual, x.stride(0), 0, residual.stride(0), n, eps,
-        HAS_RESIDUAL=True, BLOCK_N=block, PDL=early, num_warps=num_warps, **launch_kw(early),
+        x, residual if has_res else x, weight, normed, new_residual, *bufs, x.stride(0), 0,
+        residual.stride(0) if has_res else 0, n, eps, HAS_RESIDUAL=has_res, BLOCK_N=block,
+        PDL=early, ROUND=len(rounded), W1=shapes[0], G1=shapes[1], W2=shapes[2], G2=shapes[3],
+        num_warps=num_warps, **launch_kw(early),
     )  # fmt: skip
-    return normed, new_residual
+    return normed, new_residual, rounded

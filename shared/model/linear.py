@@ -32,6 +32,7 @@ from shared.kernels.qmatmul import (
     quant_gemv_legacy,
     unpack,
 )
+from shared.kernels.qmatmul.int8_activations import int8_layout
 from shared.kernels.qmatmul.packed import CHUNK
 from shared.kernels.qmatmul.packed_matmul import ACTS
 from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
@@ -114,12 +115,28 @@ class QuantLinear(nn.Module):
             return {"config": {"DEQUANT": 1}, "dense": self.dense_copy}
         return {"config": self.tuner.config(self.packed, m, x2.dtype) if self.tuner else None}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def int8_layout(self, m: int) -> tuple[int, int] | None:
+        """The (W, G) layout a call of m rows rounds its activations to for the rows GEMV
+        (``packed_int8_rows``), when it runs that: one row over interleaved planes, with a
+        config that does not round in the GEMV itself (QX). The caller may round them ahead
+        (``norm.add_rms_norm_int8``) and pass them to forward. Else None."""
+        pw = self.packed
+        if m != 1 or pw is None or not pw.rows32 or self.kernel_error is not None:
+            return None
+        if self.dense_copy is not None and m > self.dense_rows:
+            return None
+        if self.tuner is not None and self.tuner.config(pw, m, self.compute_dtype).get("QX"):
+            return None
+        return int8_layout(pw)
+
+    def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
+        """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made."""
         if self.kernel_error is not None:
             return F.linear(x, self.weight(), self.bias)
         if self.packed is not None:
             x2 = x.reshape(-1, self.shape[1])
-            y = packed_matmul(x2, self.packed, **self.matmul_args(x2))
+            int8 = rounded.get(int8_layout(self.packed)) if rounded else None
+            y = packed_matmul(x2, self.packed, **self.matmul_args(x2), int8=int8)
         elif self._gemv is not None and x.numel() <= _GEMV_MAX_M * self.shape[1]:
             y = self._gemv(x.reshape(-1, self.shape[1]), self.raw, self.qtype)
         else:
@@ -169,10 +186,14 @@ class SplitLinear(nn.Module):
                 f"SplitLinear: parts of {[p.shape[0] for p in parts]} rows for {sizes}"
             )
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def int8_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
+        """The layouts a call of m rows rounds its activations to (QuantLinear.int8_layout)."""
+        return tuple(sorted({lay for p in self.parts if (lay := p.int8_layout(m)) is not None}))
+
+    def forward(self, x: torch.Tensor, rounded: dict | None = None) -> tuple[torch.Tensor, ...]:
         out: list[torch.Tensor] = []
         for part, run in zip(self.parts, self.runs, strict=True):
-            y = part(x)
+            y = part(x, rounded)
             out.extend(torch.split(y, run, dim=-1) if len(run) > 1 else (y,))
         return tuple(out)
 
@@ -189,11 +210,16 @@ class GatedLinear(nn.Module):
         self.act = act
         fused.gated_act = act
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def int8_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
+        layout = self.fused.int8_layout(m)
+        return () if layout is None else (layout,)
+
+    def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
         lin = self.fused
         if lin.packed is not None and lin.kernel_error is None:
             x2 = x.reshape(-1, lin.shape[1])
-            y = packed_matmul(x2, lin.packed, act=self.act, **lin.matmul_args(x2))
+            int8 = rounded.get(int8_layout(lin.packed)) if rounded else None
+            y = packed_matmul(x2, lin.packed, act=self.act, **lin.matmul_args(x2), int8=int8)
             return y.reshape(*x.shape[:-1], lin.shape[0] // 2)
         y = lin(x)  # dense or dequantizing: the activation in torch
         return ACTS[self.act](y[..., 0::2], y[..., 1::2])

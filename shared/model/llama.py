@@ -22,8 +22,7 @@ class LlamaLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.eps = cfg.rms_eps
-        self.norm = w.ops.rms_norm
-        self.add_norm = w.ops.add_rms_norm
+        self.add_norm = w.ops.add_rms_norm_int8
         self.attn_norm = w.vector(f"blk.{layer}.attn_norm.weight", cfg.d_model)
         self.attn = Attention(cfg, w, layer, rope_factors)
         self.ffn_norm = w.vector(f"blk.{layer}.ffn_norm.weight", cfg.d_model)
@@ -34,14 +33,15 @@ class LlamaLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Takes the previous layer's MLP output and the residual stream before it (None at the
         first layer) and returns the same pair, so each residual add fuses with the RMSNorm
-        that follows it (one kernel on the GPU instead of two)."""
-        if residual is None:
-            residual, h = x, self.norm(x, self.attn_norm, self.eps)
-        else:
-            h, residual = self.add_norm(x, residual, self.attn_norm, self.eps)
-        a = self.attn(h, batch, kv)
-        h, residual = self.add_norm(a, residual, self.ffn_norm, self.eps)
-        return self.mlp(h), residual
+        that follows it (one kernel on the GPU instead of two). At batch 1 that kernel also
+        rounds its output to int8 for the GEMVs that read it (ops.add_rms_norm_int8)."""
+        m = x.shape[0]
+        layouts = self.attn.int8_layouts(m)
+        h, residual, rounded = self.add_norm(x, residual, self.attn_norm, self.eps, layouts)
+        a = self.attn(h, batch, kv, rounded)
+        layouts = self.mlp.int8_layouts(m)
+        h, residual, rounded = self.add_norm(a, residual, self.ffn_norm, self.eps, layouts)
+        return self.mlp(h, rounded), residual
 
 
 class LlamaForCausalLM(CausalLM):

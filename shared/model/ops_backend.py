@@ -5,6 +5,8 @@ does not know which one it calls.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from shared.kv import KVPool
@@ -26,6 +28,20 @@ class TorchOps:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(rms_norm(x + residual), x + residual), the sum rounded to x's dtype first."""
         return fused_norm.add_rms_norm_ref(x, residual, w, eps)
+
+    def add_rms_norm_int8(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        w: torch.Tensor,
+        eps: float,
+        layouts: tuple[tuple[int, int], ...],
+    ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """(normed, residual, x's int8 roundings by layout): add_rms_norm, or rms_norm with x
+        as the residual when residual is None. The references round nothing ahead (empty)."""
+        if residual is None:
+            return self.rms_norm(x, w, eps), x, {}
+        return *self.add_rms_norm(x, residual, w, eps), {}
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return activation.silu_mul(gate, up)
@@ -94,12 +110,19 @@ class TritonOps(TorchOps):
         self._norm, self._act, self._attn_k = norm_k, act_k, attn_k
         self._attn, self._rope_kv = attn_k.paged_attention, rope_and_write_kv
         self._num_sms = num_sms
+        self._round_in_norm = os.environ.get("SKIFF_NORM_ROUNDING", "1") != "0"
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return self._norm.rms_norm(x, w, eps)
 
     def add_rms_norm(self, x, residual, w, eps):
         return self._norm.add_rms_norm(x, residual, w, eps)
+
+    def add_rms_norm_int8(self, x, residual, w, eps, layouts):
+        """One launch: the norm and, for one row, its int8 roundings for the layouts (the
+        GEMVs then skip their own rounding launch). SKIFF_NORM_ROUNDING=0: none ahead."""
+        ahead = layouts[:2] if self._round_in_norm else ()  # a third rounds in its own launch
+        return self._norm.add_rms_norm_int8(x, residual, w, eps, ahead)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self._act.silu_mul_separate(gate, up)

@@ -41,9 +41,16 @@ class Attention(nn.Module):
             else (cfg.rope_dim, cfg.rope_base, cfg.rope_scale, rope_factors)
         )
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+    def int8_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
+        """The int8 layouts a call of m rows rounds x to for the Q/K/V GEMVs (SplitLinear)."""
+        return self.qkv.int8_layouts(m)
+
+    def forward(
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rounded: dict | None = None
+    ) -> torch.Tensor:
+        """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any."""
         cfg, n = self.cfg, x.shape[0]
-        q, k, v = self.qkv(x)
+        q, k, v = self.qkv(x, rounded)
         q = q.view(n, cfg.n_heads, cfg.head_dim)
         k = k.view(n, cfg.n_kv_heads, cfg.head_dim)
         v = v.view(n, cfg.n_kv_heads, cfg.head_dim)
@@ -80,8 +87,13 @@ class GatedMLP(nn.Module):
         self.down = w.linear(f"{p}.ffn_down", cfg.d_model, cfg.ffn_dim)
         self.act = w.ops.gelu_mul if gelu else w.ops.silu_mul
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def int8_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
+        """The int8 layouts a call of m rows rounds x to for the gate/up GEMVs."""
+        return (self.gated if self.gated is not None else self.gate_up).int8_layouts(m)
+
+    def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
+        """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any."""
         if self.gated is not None:
-            return self.down(self.gated(x))
-        gate, up = self.gate_up(x)
+            return self.down(self.gated(x, rounded))
+        gate, up = self.gate_up(x, rounded)
         return self.down(self.act(gate, up))

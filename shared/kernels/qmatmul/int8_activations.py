@@ -25,10 +25,13 @@ from shared.kernels.qmatmul.packed_gemm import fields
 
 __all__ = [
     "int8_buffers",
+    "int8_buffers_for",
+    "int8_layout",
     "prepare_int8",
     "prepare_rows_int8",
     "quantize_chunk",
     "quantize_x_kernel",
+    "round_chunks",
 ]
 
 
@@ -42,28 +45,40 @@ def _codes(x, amax):
 
 @triton.jit
 def _round(x):
-    """Sub-blocks x [G, W] float32 -> (codes, max|x| a sub-block): one step a sub-block."""
-    amax = tl.max(tl.abs(x), axis=1)
-    return _codes(x, amax[:, None]), amax
+    """Sub-blocks along x's last axis (float32) -> (codes, max|x| a sub-block): one step a
+    sub-block."""
+    amax = tl.max(tl.abs(x), axis=-1)
+    return _codes(x, tl.expand_dims(amax, -1)), amax
+
+
+@triton.jit
+def round_chunks(x, c0, c1, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
+    """Chunks c0, c0 + 1, ... of x ([C, G, W] float32, sub-block j of chunk c0 + i at x[i, j]),
+    those below c1 stored: int8 codes as words ``xq[c, a, j]``, the scale ``xd[c, j] = max|x|
+    / 127`` and the float sum ``xs[c, j]`` of each sub-block."""
+    C: tl.constexpr = x.shape[0]
+    q, amax = _round(x)
+    q = q & 0xFF
+    e, o = tl.split(tl.reshape(q, (C, G, W // 4, 2, 2)))  # byte t = 2 * (t // 2) + t % 2
+    q0, q2 = tl.split(e)
+    q1, q3 = tl.split(o)
+    word = q0 | (q1 << 8) | (q2 << 16) | (q3 << 24)  # [C, G, W / 4]
+    c = c0 + tl.arange(0, C)[:, None]
+    j = tl.arange(0, G)[None, :]
+    live = c < c1
+    at = (c[:, :, None] * (W // 4) + tl.arange(0, W // 4)[None, None, :]) * G + j[:, :, None]
+    tl.store(xq_ptr + at, word, mask=live[:, :, None])
+    tl.store(xd_ptr + c * G + j, amax / 127.0, mask=live)
+    tl.store(xs_ptr + c * G + j, tl.sum(x, axis=-1), mask=live)
 
 
 @triton.jit
 def quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W: tl.constexpr, G: tl.constexpr):
-    """Chunk c of x (W * G elements, sub-block j = elements W*j .. W*j + W - 1): int8 codes as
-    words ``xq[c, a, j]``, the scale ``xd[c, j] = max|x| / 127`` and the float sum
-    ``xs[c, j]`` of each sub-block."""
-    j = tl.arange(0, G)
-    x = tl.load(x_ptr + c * (W * G) + j[:, None] * W + tl.arange(0, W)[None, :]).to(tl.float32)
-    q, amax = _round(x)
-    q = q & 0xFF
-    e, o = tl.split(tl.reshape(q, (G, W // 4, 2, 2)))  # byte t = 2 * (t // 2) + t % 2
-    q0, q2 = tl.split(e)
-    q1, q3 = tl.split(o)
-    word = q0 | (q1 << 8) | (q2 << 16) | (q3 << 24)  # [G, W / 4]
-    at = (c * (W // 4) + tl.arange(0, W // 4)[None, :]) * G + j[:, None]
-    tl.store(xq_ptr + at, word)
-    tl.store(xd_ptr + c * G + j, amax / 127.0)
-    tl.store(xs_ptr + c * G + j, tl.sum(x, axis=1))
+    """Chunk c of x (W * G elements, sub-block j = elements W*j .. W*j + W - 1) rounded by
+    round_chunks."""
+    j = tl.arange(0, G)[None, :, None]
+    x = tl.load(x_ptr + c * (W * G) + j * W + tl.arange(0, W)[None, None, :]).to(tl.float32)
+    round_chunks(x, c, c + 1, xq_ptr, xd_ptr, xs_ptr, W, G)
 
 
 @triton.jit
@@ -124,14 +139,22 @@ def prepare_rows_int8(
     return xq, xd, xs
 
 
+def int8_layout(pw: PackedWeight) -> tuple[int, int]:
+    """(W, G): the sub-block size and the sub-blocks a chunk the activations of pw round to."""
+    f = fields(pw)
+    return f["W"], f["G"]
+
+
+def int8_buffers_for(k: int, w: int, g: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Empty (xq, xd, xs) for a row of k activations in layout (w, g)."""
+    xq = torch.empty(k // 4, dtype=torch.int32, device=device)
+    xd = torch.empty(k // w, dtype=torch.float32, device=device)
+    return xq, xd, torch.empty_like(xd)
+
+
 def int8_buffers(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
     """Empty (xq, xd, xs) for x [K] over pw's layout."""
-    f = fields(pw)
-    k = pw.shape[1]
-    chunks = k // (f["W"] * f["G"])
-    xq = torch.empty(k // 4, dtype=torch.int32, device=x.device)
-    xd = torch.empty(chunks * f["G"], dtype=torch.float32, device=x.device)
-    return xq, xd, torch.empty_like(xd)
+    return int8_buffers_for(pw.shape[1], *int8_layout(pw), x.device)
 
 
 def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:

@@ -315,12 +315,18 @@ def gemv_int8_rows_kernel(
     finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
 
 
-def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp) -> None:
+def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp,
+                     int8=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
     partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg:
-    num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's."""
-    qx = bool(cfg.get("QX"))
-    xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
+    num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's; int8: x rounded for
+    pw's layout already (xq, xd, xs, e.g. by the RMSNorm that made it: norm.add_rms_norm_int8),
+    else a launch rounds it (or the GEMV itself, with QX)."""
+    qx = bool(cfg.get("QX")) and int8 is None
+    if int8 is not None:
+        xq, xd, xs = int8
+    else:
+        xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
     warps = cfg.get("num_warps", 4)
     early = pdl(x.device, gemv_int8_rows_kernel)
     gemv_int8_rows_kernel[grid](

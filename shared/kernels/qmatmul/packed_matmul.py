@@ -155,6 +155,7 @@ def packed_matmul(
     config: dict[str, int] | None = None,
     act: int = 0,
     dense: torch.Tensor | None = None,
+    int8: tuple[torch.Tensor, ...] | None = None,
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
@@ -173,7 +174,9 @@ def packed_matmul(
     the activations' int8 rounding: ``packed_gemm8``), or ``DEQUANT`` (1: a dense copy of the
     weight in x's dtype, then torch's matmul). An absent ``SPLIT_K`` splits K when the tiles
     leave SMs idle. ``dense``: that copy made once and kept (``[N, K]`` in x's dtype):
-    ``DEQUANT`` multiplies by it instead of dequantizing each call.
+    ``DEQUANT`` multiplies by it instead of dequantizing each call. ``int8``: for the rows
+    GEMV (interleaved planes, M = 1), x already rounded to int8 for pw's layout (xq, xd, xs as
+    ``int8_activations.prepare_int8`` returns them); ignored by every other path.
     """
     n, k = pw.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:
@@ -193,7 +196,7 @@ def packed_matmul(
     if pw.rows32 and m == 1:  # row-interleaved planes: the rows GEMV (packed_int8_rows)
         if pw.qtype not in ROWS_TYPES:
             raise ValueError(f"packed_matmul: no GEMV over interleaved {pw.qtype.name} planes")
-        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp)
+        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8)
         return out
     if pw.rows32 and not (cfg.get("DEQUANT") or "BLOCK_M" in cfg):
         raise ValueError(f"packed_matmul: config {cfg} cannot read interleaved planes")
@@ -252,7 +255,7 @@ def packed_matmul(
     return out
 
 
-def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp) -> None:
+def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None) -> None:
     """The int8 GEMV over row-interleaved planes (packed_int8_rows): a tile of 32 rows a
     program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
@@ -261,7 +264,7 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp) -> None:
         cfg = {"ROWS": 1, "num_warps": 4}
     splits = cfg.get("SPLIT_K") or default_rows_split(pw)
     per_split, splits, targets = _split_targets(out, pw, n_chunks, splits)
-    launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp)
+    launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp, int8)
 
 
 def _split_targets(out, pw, n_chunks: int, splits: int) -> tuple[int, int, tuple]:

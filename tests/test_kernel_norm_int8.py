@@ -1,0 +1,56 @@
+"""RMSNorm with the int8 rounding of its row in the same launch (shared.kernels.norm
+.add_rms_norm_int8): the normed row and the residual are add_rms_norm's (rms_norm's without a
+residual), and the codes, steps and sums are those int8_activations.prepare_int8 makes of the
+normed row for each weight's layout. On CUDA, or on the CPU under TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+
+from shared.kernels.norm import add_rms_norm, add_rms_norm_int8, rms_norm
+from shared.kernels.qmatmul.int8_activations import int8_layout, prepare_int8
+from shared.kernels.qmatmul.packed import pack
+from tests.test_kernel_packed_matmul import random_raw
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+EPS = 1e-5
+
+
+@pytest.mark.parametrize("n", [512, 768])  # 768: a row padded to a block of 1024
+@pytest.mark.parametrize(
+    "types", [(T.Q4_K,), (T.Q4_K, T.Q6_K), (T.Q8_0,)], ids=lambda ts: "+".join(t.name for t in ts)
+)
+@pytest.mark.parametrize("residual", [True, False], ids=["add", "first"])
+def test_rounding_in_the_norm_is_the_separate_rounding(residual, types, n) -> None:
+    g = torch.Generator().manual_seed(n + len(types))
+    x, r = (torch.randn(1, n, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    w = torch.randn(n, generator=g).to(DEVICE, torch.bfloat16)
+    pws = [pack(random_raw(t, 32, n, seed=i).to(DEVICE), t, (32, n)) for i, t in enumerate(types)]
+    layouts = tuple(int8_layout(pw) for pw in pws)
+    normed, new_res, rounded = add_rms_norm_int8(x, r if residual else None, w, EPS, layouts)
+    want, want_res = add_rms_norm(x, r, w, EPS) if residual else (rms_norm(x, w, EPS), x)
+    assert torch.equal(normed, want) and torch.equal(new_res, want_res)
+    assert set(rounded) == set(layouts)
+    for pw, layout in zip(pws, layouts, strict=True):
+        xq, xd, xs = rounded[layout]
+        wq, wd, ws = prepare_int8(normed[0], pw)
+        assert torch.equal(xq, wq) and torch.equal(xd, wd)
+        torch.testing.assert_close(xs, ws, rtol=1e-6, atol=1e-6)  # summation order
+
+
+def test_rounding_only_for_one_row_and_whole_chunks() -> None:
+    x = torch.randn(2, 512, device=DEVICE)
+    w = torch.ones(512, device=DEVICE)
+    normed, _, rounded = add_rms_norm_int8(x, x, w, EPS, ((32, 8),))
+    assert rounded == {} and torch.equal(normed, add_rms_norm(x, x, w, EPS)[0])
+    with pytest.raises(ValueError, match="at most two"):
+        add_rms_norm_int8(x[:1], None, w, EPS, ((32, 8), (16, 8), (32, 4)))
+    with pytest.raises(ValueError, match="whole chunks"):
+        add_rms_norm_int8(x[:1, :384], None, w[:384], EPS, ((32, 8),))

@@ -2,7 +2,7 @@
 and every packed quantized-matmul kernel compile for Hopper (sm_90) on a machine without a GPU:
 the GEMVs (plain, factored, int8 and int8 over row-interleaved planes), the decode-batch GEMMs
 (float32-formed, int8 codes on the tensor cores and, for Q4_K and Q6_K, fp16-formed weights)
-and the dequantizing pass, for every packed type. A kernel that
+and the dequantizing pass, for every packed type; and the RMSNorm that rounds its row to int8. A kernel that
 the interpreter runs but the GPU compiler refuses (a Triton global that is not a constexpr, an
 unsupported cast) fails here instead of on the lent device."""
 
@@ -28,5 +28,6 @@ def test_packed_kernels_compile_for_sm90() -> None:
     # int8 GEMVs of the 8 types that have them (per-thread rows, the one-tile variant, with
     # the rounding in its prologue, and the GEMV over interleaved planes with and without it)
     # and their int8 tensor-core GEMM (either layout), and the fp16 GEMM (plain, gated, its
-    # activation conversion) of Q4_K and Q6_K
-    assert done.stdout.count("compiled for sm_90") == 6 + 120 + 7 * 8 + 6
+    # activation conversion) of Q4_K and Q6_K; the fused add + RMSNorm rounding its row to
+    # int8 for no, one or two layouts (norm.add_rms_norm_int8)
+    assert done.stdout.count("compiled for sm_90") == 6 + 120 + 7 * 8 + 6 + 4

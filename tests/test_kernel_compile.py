@@ -2,9 +2,9 @@
 and every packed quantized-matmul kernel compile for Hopper (sm_90) on a machine without a GPU:
 the GEMVs (plain, factored, int8 and int8 over row-interleaved planes), the decode-batch GEMMs
 (float32-formed, int8 codes on the tensor cores and, for Q4_K and Q6_K, fp16-formed weights)
-and the dequantizing pass, for every packed type; and the RMSNorm that rounds its row to int8. A kernel that
-the interpreter runs but the GPU compiler refuses (a Triton global that is not a constexpr, an
-unsupported cast) fails here instead of on the lent device."""
+and the dequantizing pass, for every packed type; and the RMSNorm that rounds its row to int8.
+A kernel that the interpreter runs but the GPU compiler refuses (a Triton global that is not a
+constexpr, an unsupported cast) fails here instead of on the lent device."""
 
 from __future__ import annotations
 

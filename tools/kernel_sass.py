@@ -14,6 +14,8 @@ kernels. Shapes are Llama-3-8B's 4096 x 4096 with bf16 activations.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import re
 import subprocess
@@ -186,28 +188,45 @@ class _CompileOnlyDriver:
         return True
 
 
-def compile_attention(kv: str, query_len: int, arch: int = 90, device_splits: bool = False):
-    """The paged-attention kernel as ``paged_attention`` launches it for a Llama-3-8B-like batch
-    (16 sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache;
-    device_splits: split-K with the count read on the device (mixed-step CUDA graphs)."""
+@contextlib.contextmanager
+def _compile_only(arch: int, module: object, **patches: object):
+    """Within: a wrapper's own kernel launches compile for sm_`arch` (the JIT's warmup path,
+    with its real argument specialization) instead of running, into the yielded dict by
+    kernel name; `module`'s attributes in `patches` replaced (device queries a CPU cannot
+    answer), and its launches early (``pdl``) as on a GPU of that architecture."""
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
-    import shared.kernels.paged_attention as pa
-
-    compiled = {}
+    compiled: dict = {}
 
     def compile_only(self, grid):
         return lambda *args, **kw: compiled.setdefault(
             self.fn.__name__, self.warmup(*args, grid=grid, **kw)
         )
 
-    saved = (JITFunction.__getitem__, pa._native_fp8, pa._num_sms, pa.pdl, driver._active)
+    patches = {"pdl": lambda device, kernel: arch >= 90, **patches}
+    saved = {name: getattr(module, name) for name in patches}
+    saved_getitem, saved_driver = JITFunction.__getitem__, driver._active
     driver.set_active(_CompileOnlyDriver(arch))
     JITFunction.__getitem__ = compile_only
-    pa._native_fp8, pa._num_sms = (lambda device: True), (lambda device: 132)
-    pa.pdl = lambda device, kernel: arch >= 90  # launched early, as on a GPU (gdc)
+    for name, value in patches.items():
+        setattr(module, name, value)
     try:
+        yield compiled
+    finally:
+        JITFunction.__getitem__, driver._active = saved_getitem, saved_driver
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+def compile_attention(kv: str, query_len: int, arch: int = 90, device_splits: bool = False):
+    """The paged-attention kernel as ``paged_attention`` launches it for a Llama-3-8B-like batch
+    (16 sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache;
+    device_splits: split-K with the count read on the device (mixed-step CUDA graphs)."""
+    import shared.kernels.paged_attention as pa
+
+    fp8, sms = (lambda device: True), (lambda device: 132)
+    with _compile_only(arch, pa, _native_fp8=fp8, _num_sms=sms) as compiled:
         b, ctx, bs, n_kv, hd = 16, 32768, 16, 8, 128
         blocks = b * ctx // bs
         kv_dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
@@ -222,36 +241,33 @@ def compile_attention(kv: str, query_len: int, arch: int = 90, device_splits: bo
             q, k, torch.empty_like(k), table, starts, lens, 0.088, max_query_len=query_len,
             k_scale=scales, v_scale=scales, max_seq_len=ctx, **splits,
         )  # fmt: skip
-    finally:
-        JITFunction.__getitem__, pa._native_fp8, pa._num_sms, pa.pdl, driver._active = saved
     return compiled["_paged_attention_kernel"]
 
 
 def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90):
     """The fused residual add + RMSNorm as ``add_rms_norm_int8`` launches it for one Llama-3-8B
     row (4096, bf16), rounding it to int8 for `layouts` in the same launch."""
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
-
     import shared.kernels.norm as norm
 
-    compiled = {}
-
-    def compile_only(self, grid):
-        return lambda *args, **kw: compiled.setdefault(
-            self.fn.__name__, self.warmup(*args, grid=grid, **kw)
-        )
-
-    saved = (JITFunction.__getitem__, norm.pdl, driver._active)
-    driver.set_active(_CompileOnlyDriver(arch))
-    JITFunction.__getitem__ = compile_only
-    norm.pdl = lambda device, kernel: arch >= 90
-    try:
+    with _compile_only(arch, norm) as compiled:
         x = torch.empty(1, 4096, dtype=torch.bfloat16)
         norm.add_rms_norm_int8(x, torch.empty_like(x), torch.empty(4096), 1e-5, layouts)
-    finally:
-        JITFunction.__getitem__, norm.pdl, driver._active = saved
     return compiled["_rms_norm_kernel"]
+
+
+def _report(what: str, compile_fn, check: bool, arch: int, stats) -> bool:
+    """Compile one kernel and print its line (with --check only that it compiled); False when
+    it did not compile. stats: loop_stats or whole_stats."""
+    try:
+        compiled = compile_fn()
+    except Exception as exc:  # noqa: BLE001 - report which kernel and why
+        print(f"{what}: FAILED: {type(exc).__name__}: {exc}")
+        return False
+    count, ops = stats(compiled.asm["cubin"])
+    top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
+    regs = registers(compiled.asm["cubin"])
+    print(f"{what}: " + (f"compiled for sm_{arch}" if check else f"{count} | {regs} | {top}"))
+    return True
 
 
 def _cuobjdump(cubin: bytes, flag: str) -> str:
@@ -311,27 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         for query_len, device_splits in ((1, False), (64, False), (64, True)):  # decode, prefill
             what = f"attention {kv} KV, {query_len} queries a sequence"
             what += ", split count on the device" if device_splits else ""
-            try:
-                compiled = compile_attention(kv, query_len, args.arch, device_splits)
-            except Exception as exc:  # noqa: BLE001 - report which kernel and why
-                print(f"{what}: FAILED: {type(exc).__name__}: {exc}")
+            build = functools.partial(compile_attention, kv, query_len, args.arch, device_splits)
+            if not _report(what, build, args.check, args.arch, loop_stats):
                 return 1
-            count, ops = loop_stats(compiled.asm["cubin"])
-            top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
-            done = "compiled for sm_" + str(args.arch) if args.check else f"loop {count} | {top}"
-            print(f"{what}: {done}")
     for layouts in ((), ((32, 8),), ((16, 8), (32, 8)), ((32, 4),)):
+        build = functools.partial(compile_norm, layouts, args.arch)
         what = f"add + RMSNorm, rounded for {list(layouts)}"
-        try:
-            compiled = compile_norm(layouts, args.arch)
-        except Exception as exc:  # noqa: BLE001 - report which kernel and why
-            print(f"{what}: FAILED: {type(exc).__name__}: {exc}")
+        if not _report(what, build, args.check, args.arch, whole_stats):
             return 1
-        count, ops = whole_stats(compiled.asm["cubin"])
-        top = ", ".join(f"{op} {c}" for op, c in ops.most_common(6))
-        regs = registers(compiled.asm["cubin"])
-        done = "compiled for sm_" + str(args.arch) if args.check else f"{count} | {regs} | {top}"
-        print(f"{what}: {done}")
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemv-i8", 1, 4), ("gemm", 16, 4),
              ("gemm-w", 16, 4), ("gemm", 64, 4), ("gemm-w", 64, 4), ("dequant", 1, 4),

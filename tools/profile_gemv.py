@@ -36,10 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     qtype = T[args.type]
     pw = pack(random_weight(qtype, args.n, args.k), qtype, (args.n, args.k))
     x = torch.randn(1, args.k, device="cuda", dtype=torch.float16)
-    cfg = json.loads(args.config) if args.config else default_config(1, args.n, args.k, x.device)
+    cfg = json.loads(args.config) if args.config else None
     if args.rows:
         pw = interleave(pw)
-        cfg = json.loads(args.config) if args.config else None
+    elif cfg is None:
+        cfg = default_config(1, args.n, args.k, x.device)
     for _ in range(args.runs):
         packed_matmul(x, pw, config=cfg)
     torch.cuda.synchronize()

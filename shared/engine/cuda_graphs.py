@@ -95,6 +95,7 @@ class StepGraphs:
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)  # decode: row i is token i
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
         self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
+        self.sms = num_sms(dev)  # for the attention split rules, asked every step
         # decode buckets' attention slices, one graph each (decode_split_counts; capture)
         self.decode_splits: dict[int, list[int]] = {}
         # by (kind, bucket, attention slices: 0 for mixed steps, whose count is set on the device)
@@ -139,9 +140,9 @@ class StepGraphs:
         self.query_start_loc.zero_()
         self.seq_lens.zero_()
         self.slot_mapping.fill_(-1)
-        sms, heads = num_sms(self.device), self.model.cfg.n_kv_heads
+        heads = self.model.cfg.n_kv_heads
         self.decode_splits = {
-            b: decode_split_counts(b, heads, self.max_model_len, sms) for b in self.buckets
+            b: decode_split_counts(b, heads, self.max_model_len, self.sms) for b in self.buckets
         }
         keys = [("mixed", b, 0) for b in reversed(self.mixed)]
         keys += [("decode", b, n) for b in reversed(self.buckets) for n in self.decode_splits[b]]
@@ -188,7 +189,7 @@ class StepGraphs:
         cfg = self.model.cfg
         return chunk_num_splits(
             batch.query_lens, batch.seq_lens, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-            num_sms(self.device), chunk_split_limit(b),
+            self.sms, chunk_split_limit(b),
         )  # fmt: skip
 
     def fits(self, batch: ForwardBatch) -> bool:
@@ -224,7 +225,7 @@ class StepGraphs:
             self.attn_splits.fill_(self._chunk_splits(batch, b))
         else:
             cfg = self.model.cfg
-            want = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, num_sms(self.device))
+            want = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, self.sms)
             graph = (kind, b, pick_split_count(self.decode_splits[b], want))
         self.graphs[graph].replay()
         self.replays[kind] += 1

@@ -4,10 +4,10 @@ One program normalizes one row in registers, in float32 whatever the activation 
 is read once and written once. References: shared/ops/norm.py (`rms_norm`) and
 shared/ops/fused_norm.py (`add_rms_norm_ref`).
 
-``rms_norm_int8`` / ``add_rms_norm_int8``: for a single row (decode at batch 1) the same launch
-also rounds the normed row to int8 for the GEMVs that read it (``int8_activations``: one
-layout a weight type, at most two), from the values it stores, so the codes are those a
-separate rounding launch would make of ``out``; that launch is saved.
+``add_rms_norm_int8`` (with or without the residual add): for a single row (decode at batch 1)
+the same launch also rounds the normed row to int8 for the GEMVs that read it
+(``int8_activations``: one layout a weight type, at most two), from the values it stores, so
+the codes are those a separate rounding launch would make of ``out``; that launch is saved.
 """
 
 from __future__ import annotations
@@ -76,14 +76,19 @@ def _rms_norm_kernel(
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = _rms_normalize(x, w, n_cols, eps).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (t * n_heads + h) * n_cols + cols, y, mask=mask)
-    if ROUND >= 1:  # from the stored values (zero past n_cols: those chunks are not stored)
-        y = y.to(tl.float32)
-        c1 = n_cols // (W1 * G1)
-        y3 = tl.reshape(y, (BLOCK_N // (W1 * G1), G1, W1))
-        round_chunks(y3, 0, c1, xq1_ptr, xd1_ptr, xs1_ptr, W1, G1)
-        if ROUND == 2:
-            y3 = tl.reshape(y, (BLOCK_N // (W2 * G2), G2, W2))
-            round_chunks(y3, 0, n_cols // (W2 * G2), xq2_ptr, xd2_ptr, xs2_ptr, W2, G2)
+    if ROUND >= 1:  # from the stored values
+        _round_row(y.to(tl.float32), n_cols, xq1_ptr, xd1_ptr, xs1_ptr, BLOCK_N, W1, G1)
+    if ROUND == 2:
+        _round_row(y.to(tl.float32), n_cols, xq2_ptr, xd2_ptr, xs2_ptr, BLOCK_N, W2, G2)
+
+
+@triton.jit
+def _round_row(y, n_cols, xq_ptr, xd_ptr, xs_ptr, BLOCK_N: tl.constexpr, W: tl.constexpr,
+               G: tl.constexpr):  # fmt: skip
+    """The row y ([BLOCK_N] float32, zero past n_cols) rounded to int8 in layout (W, G): its
+    chunks past n_cols are not stored."""
+    y3 = tl.reshape(y, (BLOCK_N // (W * G), G, W))
+    round_chunks(y3, 0, n_cols // (W * G), xq_ptr, xd_ptr, xs_ptr, W, G)
 
 
 def _check_weight(x: torch.Tensor, weight: torch.Tensor, n: int) -> None:

@@ -168,7 +168,6 @@ class SplitLinear(nn.Module):
     def __init__(self, parts: list[QuantLinear], sizes: list[int]) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
-        self.sizes = sizes
         self.runs: list[list[int]] = []  # the sizes each part's output splits into
         i = 0
         for part in parts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -83,14 +84,11 @@ class WeightLoader:
         keys = [(i.qtype, self.has(f"{n}.bias")) for i, n in zip(infos, names, strict=True)]
         if not self.use_kernels or self.cache_dequantized:
             keys = list(range(len(names)))  # every projection its own run
-        parts: list[QuantLinear] = []
-        start = 0
-        for end in range(1, len(names) + 1):
-            if end < len(names) and keys[end] == keys[start]:
-                continue
-            run = list(zip(names[start:end], outs[start:end], strict=True))
-            parts.append(self._fused(run, in_features, infos[start].qtype))
-            start = end
+        parts = []
+        for _, group in itertools.groupby(range(len(names)), key=keys.__getitem__):
+            run = list(group)
+            pairs = [(names[i], outs[i]) for i in run]
+            parts.append(self._fused(pairs, in_features, infos[run[0]].qtype))
         return SplitLinear(parts, outs)
 
     def _fused(self, run: list[tuple[str, int]], in_features: int, qtype: int) -> QuantLinear:

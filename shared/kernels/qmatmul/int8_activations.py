@@ -160,9 +160,9 @@ def int8_buffers(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
 def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
     """x [K] -> (xq, xd, xs) for the int8 GEMVs over pw's layout (one small launch)."""
     xq, xd, xs = int8_buffers(x, pw)
-    f = fields(pw)
+    w, g = int8_layout(pw)
     early = pdl(x.device, quantize_x_kernel)
-    quantize_x_kernel[(xd.numel() // f["G"],)](
-        x, xq, xd, xs, W=f["W"], G=f["G"], PDL=early, num_warps=1, **launch_kw(early)
+    quantize_x_kernel[(xd.numel() // g,)](
+        x, xq, xd, xs, W=w, G=g, PDL=early, num_warps=1, **launch_kw(early)
     )  # fmt: skip
     return xq, xd, xs

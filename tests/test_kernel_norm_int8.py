@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
+from shared.kernels import norm
 from shared.kernels.norm import add_rms_norm, add_rms_norm_int8, rms_norm
 from shared.kernels.qmatmul.int8_activations import int8_layout, prepare_int8
 from shared.kernels.qmatmul.packed import pack
@@ -23,7 +24,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-5
 
 
-@pytest.mark.parametrize("n", [512, 768])  # 768: a row padded to a block of 1024
+# 768: a row padded to a block of 1024; 1536: three programs of 512 columns (norm._slice)
+@pytest.mark.parametrize("n", [512, 768, 1536])
 @pytest.mark.parametrize(
     "types", [(T.Q4_K,), (T.Q4_K, T.Q6_K), (T.Q8_0,)], ids=lambda ts: "+".join(t.name for t in ts)
 )
@@ -54,3 +56,22 @@ def test_rounding_only_for_one_row_and_whole_chunks() -> None:
         add_rms_norm_int8(x[:1], None, w, EPS, ((32, 8), (16, 8), (32, 4)))
     with pytest.raises(ValueError, match="whole chunks"):
         add_rms_norm_int8(x[:1, :384], None, w[:384], EPS, ((32, 8),))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_row_over_programs_equals_one_program(rows: int, monkeypatch) -> None:
+    """Decode rows spread over programs of 512 columns: bit-equal to one program a row, the
+    rounding included (every program sums the whole row's squares in the same order)."""
+    g = torch.Generator().manual_seed(rows)
+    x, r = (torch.randn(rows, 2048, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    w = torch.randn(2048, generator=g).to(DEVICE, torch.bfloat16)
+    assert norm._slice(rows, 2048, ((32, 8), (16, 16))) == (512, 4)
+    sliced = add_rms_norm_int8(x, r, w, EPS, ((32, 8), (16, 16)))
+    plain = rms_norm(x, w, EPS)
+    monkeypatch.setattr(norm, "_SLICED_ROWS", 0)
+    assert norm._slice(rows, 2048, ()) == (2048, 1)
+    whole = add_rms_norm_int8(x, r, w, EPS, ((32, 8), (16, 16)))
+    assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
+    assert torch.equal(plain, rms_norm(x, w, EPS))
+    for layout, bufs in whole[2].items():
+        assert all(torch.equal(a, b) for a, b in zip(sliced[2][layout], bufs, strict=True))

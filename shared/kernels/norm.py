@@ -1,7 +1,9 @@
 """RMSNorm in Triton: plain rows, per-head (QK-norm) and fused with the residual add.
 
 One program normalizes one row in registers, in float32 whatever the activation dtype, so a row
-is read once and written once. References: shared/ops/norm.py (`rms_norm`) and
+is read once and written once; a few rows (decode) spread each over programs of ``_SLICE``
+columns, which all sum the whole row's squares (read again from cache) and store their own
+columns. References: shared/ops/norm.py (`rms_norm`) and
 shared/ops/fused_norm.py (`add_rms_norm_ref`).
 
 ``add_rms_norm_int8`` (with or without the residual add): for a single row (decode at batch 1)
@@ -22,13 +24,9 @@ from shared.kernels.qmatmul.int8_activations import int8_buffers_for, round_chun
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # A row lives in registers; past this a looped two-pass kernel would be needed.
 _MAX_ROW = 65536
-
-
-@triton.jit
-def _rms_normalize(x, w, n_cols, eps):
-    """x, w: [BLOCK_N] float32, zero past n_cols. Returns x * rsqrt(mean(x²) + eps) * w."""
-    mean_sq = tl.sum(x * x, axis=0) / n_cols
-    return x * tl.rsqrt(mean_sq + eps) * w
+# Up to this many rows, a row's columns are spread over programs of _SLICE each (_slice).
+_SLICED_ROWS = 8
+_SLICE = 512
 
 
 @triton.jit
@@ -51,6 +49,7 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SLICE: tl.constexpr,  # columns a program stores (program_id(2)); BLOCK_N: the whole row
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     ROUND: tl.constexpr = 0,  # layouts the (single) row is rounded for: 0, 1 or 2
     W1: tl.constexpr = 32,
@@ -63,32 +62,45 @@ def _rms_norm_kernel(
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     n_heads = tl.num_programs(1)
+    x_row = x_ptr + t * stride_xt + h * stride_xh
+    res_row = res_ptr + t * stride_rt
     cols = tl.arange(0, BLOCK_N)
+    x = _row_sum(x_row, res_row, cols, cols < n_cols, HAS_RESIDUAL)
+    mean_sq = tl.sum(x * x, axis=0) / n_cols  # the whole row's, in every program of a row
+    if SLICE < BLOCK_N:  # this program's slice of the row, read again (from cache)
+        cols = tl.program_id(2) * SLICE + tl.arange(0, SLICE)
+        x = _row_sum(x_row, res_row, cols, cols < n_cols, HAS_RESIDUAL)
     mask = cols < n_cols
-    x = tl.load(x_ptr + t * stride_xt + h * stride_xh + cols, mask=mask, other=0.0)
-    x = x.to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + t * stride_rt + cols, mask=mask, other=0.0).to(tl.float32)
-        # normalize the sum as stored (rounded to the activation dtype): rms_norm(new_residual)
-        s = (x + r).to(res_out_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + t * n_cols + cols, s, mask=mask)
-        x = s.to(tl.float32)
+    if HAS_RESIDUAL:  # the sum as stored (rounded to the activation dtype), normalized below
+        tl.store(res_out_ptr + t * n_cols + cols, x.to(res_out_ptr.dtype.element_ty), mask=mask)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = _rms_normalize(x, w, n_cols, eps).to(out_ptr.dtype.element_ty)
+    y = (x * tl.rsqrt(mean_sq + eps) * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (t * n_heads + h) * n_cols + cols, y, mask=mask)
+    c0 = tl.program_id(2) * SLICE  # (the first column of the slice)
     if ROUND >= 1:  # from the stored values
-        _round_row(y.to(tl.float32), n_cols, xq1_ptr, xd1_ptr, xs1_ptr, BLOCK_N, W1, G1)
+        _round_row(y.to(tl.float32), c0, n_cols, xq1_ptr, xd1_ptr, xs1_ptr, SLICE, W1, G1)
     if ROUND == 2:
-        _round_row(y.to(tl.float32), n_cols, xq2_ptr, xd2_ptr, xs2_ptr, BLOCK_N, W2, G2)
+        _round_row(y.to(tl.float32), c0, n_cols, xq2_ptr, xd2_ptr, xs2_ptr, SLICE, W2, G2)
 
 
 @triton.jit
-def _round_row(y, n_cols, xq_ptr, xd_ptr, xs_ptr, BLOCK_N: tl.constexpr, W: tl.constexpr,
+def _row_sum(x_row, res_row, cols, mask, HAS_RESIDUAL: tl.constexpr):
+    """x (+ the residual, the sum rounded to the residual's dtype) at cols, as float32, zero
+    where masked."""
+    x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)
+        x = (x + r).to(res_row.dtype.element_ty).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _round_row(y, c0, n_cols, xq_ptr, xd_ptr, xs_ptr, SLICE: tl.constexpr, W: tl.constexpr,
                G: tl.constexpr):  # fmt: skip
-    """The row y ([BLOCK_N] float32, zero past n_cols) rounded to int8 in layout (W, G): its
-    chunks past n_cols are not stored."""
-    y3 = tl.reshape(y, (BLOCK_N // (W * G), G, W))
-    round_chunks(y3, 0, n_cols // (W * G), xq_ptr, xd_ptr, xs_ptr, W, G)
+    """The columns c0 .. c0 + SLICE - 1 of a row (y: [SLICE] float32, zero past n_cols; c0 a
+    multiple of W * G) rounded to int8 in layout (W, G): its chunks past n_cols not stored."""
+    y3 = tl.reshape(y, (SLICE // (W * G), G, W))
+    round_chunks(y3, c0 // (W * G), n_cols // (W * G), xq_ptr, xd_ptr, xs_ptr, W, G)
 
 
 def _check_weight(x: torch.Tensor, weight: torch.Tensor, n: int) -> None:
@@ -114,6 +126,17 @@ def _launch_config(n: int) -> tuple[int, int]:
     return block, min(max(block // 256, 1), 8)
 
 
+def _slice(n_rows: int, n: int, layouts: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """(columns a program stores, programs a row). A few rows (decode) spread each row over
+    programs of _SLICE columns, every one of them summing the whole row's squares (from cache)
+    and rounding its own chunks; more rows, one program a row."""
+    block = triton.next_power_of_2(n)
+    whole = n % _SLICE == 0 and all(_SLICE % (w * g) == 0 for w, g in layouts)
+    if n_rows > _SLICED_ROWS or n <= _SLICE or not whole:
+        return block, 1
+    return _SLICE, n // _SLICE
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of x over its last dim; returns a new contiguous tensor of x's shape and dtype.
 
@@ -134,10 +157,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ValueError(f"rms_norm: {n_heads} heads exceed the grid limit of 65535")
     stride_h = x.stride(1) if x.dim() == 3 else 0
     block, num_warps = _launch_config(n)
+    cols, slices = _slice(n_rows * n_heads, n, ())
     early = pdl(x.device, _rms_norm_kernel)
-    _rms_norm_kernel[(n_rows, n_heads)](
+    _rms_norm_kernel[(n_rows, n_heads, slices)](
         x, x, weight, out, out, *[x] * 6, x.stride(0), stride_h, 0, n, eps,
-        HAS_RESIDUAL=False, BLOCK_N=block, PDL=early, num_warps=num_warps, **launch_kw(early),
+        HAS_RESIDUAL=False, BLOCK_N=block, SLICE=cols, PDL=early, num_warps=num_warps,
+        **launch_kw(early),
     )  # fmt: skip
     return out
 
@@ -191,11 +216,12 @@ def add_rms_norm_int8(
     bufs = [t for r in rounded.values() for t in r] + [x] * (6 - 3 * len(rounded))
     shapes = [v for layout in rounded for v in layout] + [32, 8] * (2 - len(rounded))
     block, num_warps = _launch_config(n)
+    cols, slices = _slice(x.shape[0], n, tuple(rounded))
     early = pdl(x.device, _rms_norm_kernel)
-    _rms_norm_kernel[(x.shape[0], 1)](
+    _rms_norm_kernel[(x.shape[0], 1, slices)](
         x, residual if has_res else x, weight, normed, new_residual, *bufs, x.stride(0), 0,
         residual.stride(0) if has_res else 0, n, eps, HAS_RESIDUAL=has_res, BLOCK_N=block,
-        PDL=early, ROUND=len(rounded), W1=shapes[0], G1=shapes[1], W2=shapes[2], G2=shapes[3],
-        num_warps=num_warps, **launch_kw(early),
+        SLICE=cols, PDL=early, ROUND=len(rounded), W1=shapes[0], G1=shapes[1], W2=shapes[2],
+        G2=shapes[3], num_warps=num_warps, **launch_kw(early),
     )  # fmt: skip
     return normed, new_residual, rounded

@@ -30,6 +30,7 @@ __all__ = [
     "prepare_int8",
     "prepare_rows_int8",
     "quantize_chunk",
+    "round_blocks",
     "quantize_x_kernel",
     "round_chunks",
 ]
@@ -54,22 +55,29 @@ def _round(x):
 @triton.jit
 def round_chunks(x, c0, c1, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
     """Chunks c0, c0 + 1, ... of x ([C, G, W] float32, sub-block j of chunk c0 + i at x[i, j]),
-    those below c1 stored: int8 codes as words ``xq[c, a, j]``, the scale ``xd[c, j] = max|x|
-    / 127`` and the float sum ``xs[c, j]`` of each sub-block."""
+    those below c1 stored (round_blocks)."""
     C: tl.constexpr = x.shape[0]
+    round_blocks(tl.reshape(x, (C * G, W)), c0 * G, c1 * G, xq_ptr, xd_ptr, xs_ptr, W, G)
+
+
+@triton.jit
+def round_blocks(x, b0, b1, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
+    """Sub-blocks b0, b0 + 1, ... of a row (x: [B, W] float32; sub-block b is field b % G of
+    chunk b // G), those below b1 stored: int8 codes as words ``xq[c, a, j]``, the scale
+    ``xd[c, j] = max|x| / 127`` and the float sum ``xs[c, j]`` of each sub-block."""
+    B: tl.constexpr = x.shape[0]
     q, amax = _round(x)
     q = q & 0xFF
-    e, o = tl.split(tl.reshape(q, (C, G, W // 4, 2, 2)))  # byte t = 2 * (t // 2) + t % 2
+    e, o = tl.split(tl.reshape(q, (B, W // 4, 2, 2)))  # byte t = 2 * (t // 2) + t % 2
     q0, q2 = tl.split(e)
     q1, q3 = tl.split(o)
-    word = q0 | (q1 << 8) | (q2 << 16) | (q3 << 24)  # [C, G, W / 4]
-    c = c0 + tl.arange(0, C)[:, None]
-    j = tl.arange(0, G)[None, :]
-    live = c < c1
-    at = (c[:, :, None] * (W // 4) + tl.arange(0, W // 4)[None, None, :]) * G + j[:, :, None]
-    tl.store(xq_ptr + at, word, mask=live[:, :, None])
-    tl.store(xd_ptr + c * G + j, amax / 127.0, mask=live)
-    tl.store(xs_ptr + c * G + j, tl.sum(x, axis=-1), mask=live)
+    word = q0 | (q1 << 8) | (q2 << 16) | (q3 << 24)  # [B, W / 4]
+    b = b0 + tl.arange(0, B)
+    live = b < b1
+    at = ((b // G)[:, None] * (W // 4) + tl.arange(0, W // 4)[None, :]) * G + (b % G)[:, None]
+    tl.store(xq_ptr + at, word, mask=live[:, None])
+    tl.store(xd_ptr + b, amax / 127.0, mask=live)
+    tl.store(xs_ptr + b, tl.sum(x, axis=-1), mask=live)
 
 
 @triton.jit

@@ -130,3 +130,37 @@ def test_decode_split_arguments() -> None:
     count = torch.ones(1, dtype=torch.int32)
     mixed = ops._splits(q, 8, batch(0, query_len=64, splits_t=count), 0)
     assert mixed == {"num_splits": 8, "num_splits_t": count}
+
+
+@pytest.mark.parametrize("layout", [(32, 8), (16, 16)])
+def test_combine_rounds_one_token_for_the_next_gemv(layout: tuple[int, int]) -> None:
+    """One decode token over static slices: the combine pass also rounds its output row to int8
+    in the weight layout asked for, equal to the separate rounding launch of that row; steps it
+    cannot round (one slice, the count read on the device, two tokens) give {}."""
+    from shared.kernels.qmatmul.int8_activations import int8_buffers_for, quantize_x_kernel
+
+    batch = make_batch([1], [300], n_heads=8, n_kv_heads=2, head_dim=64, block_size=8)
+    out, rounded = run_kernel_int8(batch, layout, num_splits=4)
+    assert set(rounded) == {layout}
+    w, g = layout
+    row = out.reshape(-1)
+    want = int8_buffers_for(row.numel(), w, g, row.device)
+    quantize_x_kernel[(row.numel() // (w * g),)](row, *want, W=w, G=g, PDL=False)
+    xq, xd, xs = rounded[layout]
+    assert torch.equal(xq, want[0]) and torch.equal(xd, want[1])
+    torch.testing.assert_close(xs, want[2], rtol=1e-6, atol=1e-6)  # summation order
+    assert torch.equal(out, run_kernel(batch, 0.125, num_splits=4))
+    assert run_kernel_int8(batch, layout, num_splits=1)[1] == {}
+    t = torch.tensor([2], dtype=torch.int32, device=DEVICE)
+    assert run_kernel_int8(batch, layout, num_splits=4, num_splits_t=t)[1] == {}
+    two = make_batch([1, 1], [300, 40], n_heads=8, n_kv_heads=2, head_dim=64, block_size=8)
+    assert run_kernel_int8(two, layout, num_splits=4)[1] == {}
+
+
+def run_kernel_int8(batch, layout, **kw) -> tuple[torch.Tensor, dict]:
+    i32 = {"dtype": torch.int32, "device": batch.q.device}
+    return pa.paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
+        torch.tensor(batch.query_start_loc, **i32), torch.tensor(batch.seq_lens, **i32), 0.125,
+        max_query_len=1, int8_layout=layout, **kw,
+    )  # fmt: skip

@@ -30,6 +30,7 @@ from shared.kernels.paged_attention_jit import (
     _fp8_e4m3_from_bytes,
     _paged_attention_kernel,
 )
+from shared.kernels.qmatmul.int8_activations import int8_buffers_for
 
 FP8 = torch.float8_e4m3fn
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8)
@@ -254,7 +255,8 @@ def paged_attention(
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,  # [T, n_heads, head_dim] in q.dtype
     num_splits_t: torch.Tensor | None = None,  # [1] int32 on q.device, <= num_splits
-) -> torch.Tensor:
+    int8_layout: tuple[int, int] | None = None,  # (W, G): also return out rounded to int8
+) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """Attention of q over the paged cache; returns [T, n_heads, head_dim] in q.dtype.
 
     max_query_len (the longest query run of a sequence) picks the tile shapes; 1 means a decode
@@ -264,6 +266,11 @@ def paged_attention(
     count to use (1 to num_splits, not checked: a host sync) from the device, so a CUDA graph
     can change it between replays. An FP8 cache (float8_e4m3fn, value = fp8 * scale) needs
     k_scale and v_scale and computes in fp16 (float32 for float32 queries).
+
+    With int8_layout (W, G): returns (out, rounded), rounded {(W, G): (xq, xd, xs)} as
+    ``int8_activations.prepare_int8`` makes them of out's row for a weight of that layout, when
+    the combine pass rounded it (one token, a split count > 1 not read from the device, heads of
+    whole sub-blocks; it then saves the next GEMV its rounding launch), else {}.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -289,7 +296,7 @@ def paged_attention(
     )
     _check(out.stride(-1) == 1, f"out must be contiguous in head_dim, strides {out.stride()}")
     if n_tokens == 0 or num_seqs == 0:
-        return out
+        return out if int8_layout is None else (out, {})
 
     group = n_heads // n_kv_heads
     tiles = _pick_tiles(max_query_len, group, head_dim)
@@ -356,16 +363,30 @@ def paged_attention(
         num_stages=tiles.num_stages,
         **launch_kw(early),
     )  # fmt: skip
+    rounded = {}
     if num_splits > 1:
+        w, g = int8_layout or (32, 8)
+        if int8_layout and not dynamic and n_tokens == 1 and _rounds_heads(head_dim, w):
+            rounded = {int8_layout: int8_buffers_for(n_heads * head_dim, w, g, q.device)}
+        bufs = rounded[int8_layout] if rounded else (out,) * 3
         _combine_splits_kernel[(n_tokens, n_heads)](
             out, part_acc, part_m, part_l, num_splits, splits_t,
-            out.stride(0), out.stride(1), *part_acc.stride()[:3], *part_m.stride()[:3],
+            out.stride(0), out.stride(1), *part_acc.stride()[:3], *part_m.stride()[:3], *bufs,
             HEAD_DIM=head_dim,
             BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
             SPLITS=triton.next_power_of_2(num_splits),
             DYNAMIC_SPLITS=dynamic,
             INTERPRETED=_interpreted(),
             PDL=early,
+            ROUND=bool(rounded),
+            W=w,
+            G=g,
             **launch_kw(early),
         )  # fmt: skip
-    return out
+    return out if int8_layout is None else (out, rounded)
+
+
+def _rounds_heads(head_dim: int, w: int) -> bool:
+    """Whether the combine pass can round a head's outputs by itself: whole sub-blocks of w
+    in a power-of-two head."""
+    return head_dim % w == 0 and head_dim == triton.next_power_of_2(head_dim)

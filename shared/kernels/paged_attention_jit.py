@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_next, wait_prev
+from shared.kernels.qmatmul.int8_activations import round_blocks
 from shared.kernels.rounding import fp16_range, to_dtype
 
 
@@ -311,12 +312,18 @@ def _combine_splits_kernel(
     stride_pm_s: tl.int64,
     stride_pm_t: tl.int64,
     stride_pm_h: tl.int64,
+    xq_ptr,
+    xd_ptr,
+    xs_ptr,  # the (single) token's output rounded to int8 in layout (W, G) (ROUND)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLITS: tl.constexpr,  # num_splits rounded up to a power of two
     DYNAMIC_SPLITS: tl.constexpr,
     INTERPRETED: tl.constexpr,
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
+    ROUND: tl.constexpr = False,  # one token, BLOCK_D = HEAD_DIM, a multiple of W
+    W: tl.constexpr = 32,
+    G: tl.constexpr = 8,
 ):
     launch_next(PDL)
     n_splits = num_splits
@@ -341,3 +348,7 @@ def _combine_splits_kernel(
     o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
     o = to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED)
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + d, o, mask=d_ok)
+    if ROUND:  # the head's sub-blocks of the output row, from the stored values
+        b0 = head * (HEAD_DIM // W)
+        y = tl.reshape(o.to(tl.float32), (BLOCK_D // W, W))
+        round_blocks(y, b0, b0 + HEAD_DIM // W, xq_ptr, xd_ptr, xs_ptr, W, G)

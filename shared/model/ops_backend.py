@@ -61,7 +61,14 @@ class TorchOps:
         neox: bool,
         scale: float,
         sliding_window: int,
-    ) -> torch.Tensor:
+        int8_layout: tuple[int, int] | None = None,
+    ) -> tuple[torch.Tensor, dict]:
+        """(the attention output, its int8 rounding in int8_layout for the output projection's
+        GEMV when made in the same launches: {(W, G): (xq, xd, xs)}, else {}). The references
+        round nothing ahead."""
+        return self._attention_ref(q, k, v, batch, kv, layer, rope, neox, scale, sliding_window), {}
+
+    def _attention_ref(self, q, k, v, batch, kv, layer, rope, neox, scale, sliding_window):
         key = (rope[0], rope[1], rope[2], id(rope[3]))
         if key not in batch.rope_tables:
             batch.rope_tables[key] = rope_angles(batch.positions, *rope)
@@ -130,7 +137,9 @@ class TritonOps(TorchOps):
     def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self._act.gelu_mul_separate(gate, up)
 
-    def attention(self, q, k, v, batch, kv, layer, rope, neox, scale, sliding_window):
+    def attention(
+        self, q, k, v, batch, kv, layer, rope, neox, scale, sliding_window, int8_layout=None
+    ):
         dim, base, rope_scale, factors = rope
         kc, vc = kv.k[layer], kv.v[layer]
         ks = kv.k_scale[layer] if kv.fp8 else None
@@ -151,7 +160,7 @@ class TritonOps(TorchOps):
             ks,
             vs,
         )
-        return self._attn(
+        out = self._attn(
             q,
             kc,
             vc,
@@ -164,8 +173,10 @@ class TritonOps(TorchOps):
             k_scale=ks,
             v_scale=vs,
             max_seq_len=batch.max_seq_len,
+            int8_layout=int8_layout,
             **self._splits(q, kc.shape[2], batch, sliding_window),
         )
+        return out if int8_layout is not None else (out, {})  # (out, rounded) with a layout
 
     def _splits(
         self, q: torch.Tensor, n_kv_heads: int, batch: ForwardBatch, sliding_window: int

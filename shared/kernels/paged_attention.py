@@ -365,7 +365,7 @@ def paged_attention(
     )  # fmt: skip
     rounded = {}
     if num_splits > 1:
-        w, g = int8_layout or (32, 8)
+        w, g = int8_layout or (32, 8)  # (any layout: the kernel rounds nothing without ROUND)
         if int8_layout and not dynamic and n_tokens == 1 and _rounds_heads(head_dim, w):
             rounded = {int8_layout: int8_buffers_for(n_heads * head_dim, w, g, q.device)}
         bufs = rounded[int8_layout] if rounded else (out,) * 3

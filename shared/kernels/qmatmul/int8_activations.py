@@ -6,9 +6,13 @@ sub-block (for the weights' offsets). The codes are stored as words ``xq[c, a, j
 element ``W*j + 4a + t`` of chunk c), so that a GEMV thread's four words of a weight group meet
 their activations in one word per field.
 
-``quantize_chunk`` is the one implementation: ``quantize_x_kernel`` runs it once per chunk (a
-launch of its own before the GEMV), and a GEMV with ``QX`` runs it for its own chunks in its
-prologue (no launch: every program of a split rounds the same chunks and stores the same words).
+``round_blocks`` is the one implementation (``round_chunks`` calls it for whole chunks):
+``quantize_x_kernel`` runs it once per chunk (``quantize_chunk``, a launch of its own before
+the GEMV); a GEMV with ``QX`` runs it for its own chunks in its prologue (no launch: every
+program of a split rounds the same chunks and stores the same words); at batch 1 the RMSNorm
+(``norm.add_rms_norm_int8``) and the decode attention's combine pass (a head's sub-blocks)
+run it on the values they store, for the GEMVs that read them.
+
 ``prepare_rows_int8`` rounds the rows of a batch the same way for the int8 GEMM
 (``packed_gemm8``), its codes in row order (``[M, K]`` int8).
 """
@@ -30,8 +34,8 @@ __all__ = [
     "prepare_int8",
     "prepare_rows_int8",
     "quantize_chunk",
-    "round_blocks",
     "quantize_x_kernel",
+    "round_blocks",
     "round_chunks",
 ]
 

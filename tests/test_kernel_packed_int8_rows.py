@@ -105,6 +105,31 @@ def test_gated_epilogue(act: int) -> None:
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
 
 
+@pytest.mark.parametrize("layout", [(16, 16), (32, 8)], ids=["one-tile", "two-tiles"])
+@pytest.mark.parametrize("split", [1, 4])
+def test_gated_outputs_rounded_for_the_next_gemv(layout: tuple[int, int], split: int) -> None:
+    """With out_int8 the gated rows GEMV also rounds its outputs for the next GEMV: the codes
+    and steps of the separate rounding launch of the stored outputs, sums up to summation
+    order; the outputs unchanged. A sub-block of 32 outputs spans two row tiles (the second
+    to store rounds it); the split-K and pair counters are zero again afterwards."""
+    from shared.kernels.qmatmul.int8_activations import int8_buffers_for, quantize_x_kernel
+
+    n_out, k = 512, 512
+    iw = interleave(_weight(T.Q4_K, 2 * n_out, k, seed=split))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(split)).to(DEVICE)
+    w, g = layout
+    bufs = int8_buffers_for(n_out, w, g, x.device)
+    got = packed_matmul(x, iw, torch.bfloat16, _cfg(split, 2), act=1, out_int8=(*bufs, w, g))
+    assert torch.equal(got, packed_matmul(x, iw, torch.bfloat16, _cfg(split, 2), act=1))
+    want = int8_buffers_for(n_out, w, g, x.device)
+    quantize_x_kernel[(n_out // (w * g),)](got[0], *want, W=w, G=g, PDL=False)
+    assert torch.equal(bufs[0], want[0]) and torch.equal(bufs[1], want[1])
+    torch.testing.assert_close(bufs[2], want[2], rtol=1e-6, atol=1e-6)
+    assert not iw.tickets.any()
+    with pytest.raises(ValueError, match="out_int8"):
+        packed_matmul(x, iw, torch.bfloat16, _cfg(split, 2), out_int8=(*bufs, w, g))  # no act
+
+
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
 @pytest.mark.parametrize(
     "cfg",

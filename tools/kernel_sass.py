@@ -96,13 +96,15 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
         consts = {**fields, "BLOCK_N": 16, "CH": chunks // 2, "SPLITS": 2, "ACT": act}
         return it.gemv_int8_tile_kernel, args, consts
-    if kind in ("gemv-r8", "gemv-r8q"):  # over row-interleaved planes (packed_int8_rows)
+    if kind.startswith("gemv-r8"):  # over row-interleaved planes (packed_int8_rows)
         ir = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows")
         g = fields["G"]
         xq = torch.empty(k // 4, dtype=torch.int32)
         xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
-        args = [x, xq, xd, xs, *_planes(pw), *split, n, chunks, chunks // 2, *strides]
+        args = [x, xq, xd, xs, *_planes(pw), *split, xq, xd, xs, n, chunks, chunks // 2, *strides]
         consts = {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}
+        # with the activation: its outputs also rounded for the next GEMV (round_gated)
+        consts |= {"OUT_W": 32 if act else 0, "OUT_G": 8}
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemm-i8":  # int8 codes and activations on the tensor cores (packed_gemm8)
         g8 = importlib.import_module("shared.kernels.qmatmul.packed_gemm8")
@@ -341,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
              ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4),
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
-             ("gemv-r8q", 1, 4), ("gemm-w-r32", 64, 4), ("dequant-r32", 1, 4),
+             ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemm-w-r32", 64, 4),
+             ("dequant-r32", 1, 4),
              ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:

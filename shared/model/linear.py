@@ -32,9 +32,9 @@ from shared.kernels.qmatmul import (
     quant_gemv_legacy,
     unpack,
 )
-from shared.kernels.qmatmul.int8_activations import int8_layout
+from shared.kernels.qmatmul.int8_activations import int8_buffers_for, int8_layout
 from shared.kernels.qmatmul.packed import CHUNK
-from shared.kernels.qmatmul.packed_matmul import ACTS
+from shared.kernels.qmatmul.packed_matmul import ACTS, rounds_gated
 from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.quant import dequantize
@@ -214,11 +214,26 @@ class GatedLinear(nn.Module):
         return () if layout is None else (layout,)
 
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
+        return self.forward_int8(x, rounded, None)[0]
+
+    def forward_int8(
+        self, x: torch.Tensor, rounded: dict | None, out_layout: tuple[int, int] | None
+    ) -> tuple[torch.Tensor, dict]:
+        """(act(gate) * up, its int8 rounding in out_layout when the rows GEMV made it in the
+        same launch, for the next layer's GEMV: {(W, G): (xq, xd, xs)}, else {})."""
         lin = self.fused
         if lin.packed is not None and lin.kernel_error is None:
             x2 = x.reshape(-1, lin.shape[1])
             int8 = rounded.get(int8_layout(lin.packed)) if rounded else None
-            y = packed_matmul(x2, lin.packed, act=self.act, **lin.matmul_args(x2), int8=int8)
-            return y.reshape(*x.shape[:-1], lin.shape[0] // 2)
+            n_out = lin.shape[0] // 2
+            out_int8, made = None, {}
+            rows_gemv = x2.shape[0] == 1 and lin.packed.rows32
+            if out_layout and rows_gemv and rounds_gated(n_out, *out_layout):
+                made = {out_layout: int8_buffers_for(n_out, *out_layout, x.device)}
+                out_int8 = (*made[out_layout], *out_layout)
+            y = packed_matmul(
+                x2, lin.packed, act=self.act, **lin.matmul_args(x2), int8=int8, out_int8=out_int8
+            )
+            return y.reshape(*x.shape[:-1], n_out), made
         y = lin(x)  # dense or dequantizing: the activation in torch
-        return ACTS[self.act](y[..., 0::2], y[..., 1::2])
+        return ACTS[self.act](y[..., 0::2], y[..., 1::2]), {}

@@ -95,7 +95,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
         """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any."""
-        if self.gated is not None:
-            return self.down(self.gated(x, rounded))
+        if self.gated is not None:  # at batch 1 it may round its output for down's GEMV too
+            h, h_rounded = self.gated.forward_int8(x, rounded, self.down.int8_layout(x.shape[0]))
+            return self.down(h, h_rounded)
         gate, up = self.gate_up(x, rounded)
         return self.down(self.act(gate, up))

@@ -35,7 +35,7 @@ from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
-from shared.kernels.qmatmul.split_tickets import finish_rows
+from shared.kernels.qmatmul.split_tickets import finish_rows, round_gated
 
 __all__ = ["ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows", "maxnreg"]
 
@@ -275,6 +275,7 @@ def gemv_int8_rows_kernel(
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,  # row-interleaved planes (packed_rows)
     out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
     part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
+    oq_ptr, od_ptr, os_ptr,  # with ACT and OUT_W: the gated outputs rounded to int8
     N, n_chunks, per_split, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
@@ -287,6 +288,8 @@ def gemv_int8_rows_kernel(
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
     PDL: tl.constexpr,  # launched early (gdc): the first chunks load before wait_prev
     INTERPRETED: tl.constexpr,
+    OUT_W: tl.constexpr = 0,  # > 0 (16 or 32, with ACT): round the outputs in layout (OUT_W,
+    OUT_G: tl.constexpr = 8,  # OUT_G) for the next GEMV (split_tickets.round_gated)
 ):  # fmt: skip
     launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
@@ -324,26 +327,32 @@ def gemv_int8_rows_kernel(
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
             cur = nxt
     y = tl.sum(acc, axis=1)
-    finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
+    last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
+    if OUT_W > 0:  # noqa: SIM102 - a compile-time test around a runtime one
+        if last:
+            round_gated(out_ptr, tickets_ptr, tl.num_programs(0), oq_ptr, od_ptr, os_ptr, ROWS,
+                        OUT_W, OUT_G)  # fmt: skip
 
 
 def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp,
-                     int8=None) -> None:  # fmt: skip
+                     int8=None, out_int8=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
     partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg:
     num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's; int8: x rounded for
     pw's layout already (xq, xd, xs, e.g. by the RMSNorm that made it: norm.add_rms_norm_int8),
-    else a launch rounds it (or the GEMV itself, with QX)."""
+    else a launch rounds it (or the GEMV itself, with QX); out_int8: with act, (xq, xd, xs, W,
+    G) buffers the gated outputs are rounded into for the next GEMV (W 16 or 32)."""
     qx = bool(cfg.get("QX")) and int8 is None
     if int8 is not None:
         xq, xd, xs = int8
     else:
         xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
+    oq, od, os_, out_w, out_g = out_int8 if out_int8 else (xq, xd, xs, 0, 8)
     warps = cfg.get("num_warps", 4)
     early = pdl(x.device, gemv_int8_rows_kernel)
     gemv_int8_rows_kernel[grid](
-        x, xq, xd, xs, *planes(pw), *targets, pw.shape[0], n_chunks, per_split, *strides(pw),
-        **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")), QX=qx,
-        ACT=act, PDL=early, INTERPRETED=interp, num_warps=warps, maxnreg=maxnreg(pw.qtype),
-        **launch_kw(early),
+        x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, pw.shape[0], n_chunks, per_split,
+        *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")),
+        QX=qx, ACT=act, PDL=early, INTERPRETED=interp, OUT_W=out_w, OUT_G=out_g, num_warps=warps,
+        maxnreg=maxnreg(pw.qtype), **launch_kw(early),
     )  # fmt: skip

@@ -50,7 +50,7 @@ from shared.kernels.qmatmul.packed_rows import ROWS
 from shared.kernels.qmatmul.split_tickets import finish_rows
 from shared.ops.activation import gelu_mul, silu_mul
 
-__all__ = ["packed_matmul"]
+__all__ = ["packed_matmul", "rounds_gated"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -156,6 +156,7 @@ def packed_matmul(
     act: int = 0,
     dense: torch.Tensor | None = None,
     int8: tuple[torch.Tensor, ...] | None = None,
+    out_int8: tuple | None = None,
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
@@ -177,8 +178,13 @@ def packed_matmul(
     ``DEQUANT`` multiplies by it instead of dequantizing each call. ``int8``: for the rows
     GEMV (interleaved planes, M = 1), x already rounded to int8 for pw's layout (xq, xd, xs as
     ``int8_activations.prepare_int8`` returns them); ignored by every other path.
+    ``out_int8``: (xq, xd, xs, W, G), for the rows GEMV with ``act`` only (see
+    ``rounds_gated``): buffers (``int8_activations.int8_buffers_for``) the gated outputs are
+    also rounded into, in layout (W, G), for the GEMV that reads them next.
     """
     n, k = pw.shape
+    if out_int8 is not None and not (act and rounds_gated(n // 2, *out_int8[3:])):
+        raise ValueError(f"packed_matmul: out_int8 layout {out_int8[3:]} for act {act}, N={n}")
     if x.dim() != 2 or x.shape[1] != k or x.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"packed_matmul: x must be [M, {k}] float, got {tuple(x.shape)} {x.dtype}")
     if x.stride(1) != 1:
@@ -196,8 +202,10 @@ def packed_matmul(
     if pw.rows32 and m == 1:  # row-interleaved planes: the rows GEMV (packed_int8_rows)
         if pw.qtype not in ROWS_TYPES:
             raise ValueError(f"packed_matmul: no GEMV over interleaved {pw.qtype.name} planes")
-        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8)
+        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8, out_int8)
         return out
+    if out_int8 is not None:
+        raise ValueError("packed_matmul: out_int8 needs the rows GEMV (one row, interleaved)")
     if pw.rows32 and not (cfg.get("DEQUANT") or "BLOCK_M" in cfg):
         raise ValueError(f"packed_matmul: config {cfg} cannot read interleaved planes")
     if m == 1:
@@ -255,7 +263,13 @@ def packed_matmul(
     return out
 
 
-def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None) -> None:
+def rounds_gated(n_out: int, w: int, g: int) -> bool:
+    """Whether the rows GEMV can round its n_out gated outputs in layout (w, g): sub-blocks of
+    one or two row tiles' outputs (16 a tile), whole chunks."""
+    return w in (ROWS // 2, ROWS) and n_out % (w * g) == 0
+
+
+def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None) -> None:
     """The int8 GEMV over row-interleaved planes (packed_int8_rows): a tile of 32 rows a
     program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
@@ -264,7 +278,8 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None) -> None:
         cfg = {"ROWS": 1, "num_warps": 4}
     splits = cfg.get("SPLIT_K") or default_rows_split(pw)
     per_split, splits, targets = _split_targets(out, pw, n_chunks, splits)
-    launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp, int8)
+    launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp, int8,
+                     out_int8)  # fmt: skip
 
 
 def _split_targets(out, pw, n_chunks: int, splits: int) -> tuple[int, int, tuple]:

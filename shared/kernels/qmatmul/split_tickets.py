@@ -18,9 +18,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from shared.kernels.qmatmul.int8_activations import round_blocks
 from shared.kernels.qmatmul.packed_gemm import gated
 
-__all__ = ["finish_rows"]
+__all__ = ["finish_rows", "round_gated"]
 
 
 @triton.jit
@@ -35,6 +36,8 @@ def finish_rows(
     SPLITS: tl.constexpr,
     ACT: tl.constexpr,
 ):
+    """Returns whether this program stored the tile's results (the last of its splits)."""
+    last = True
     if SPLITS == 1:
         _store(out_ptr, y, rows, N, BLOCK_N, ACT)
     else:
@@ -42,7 +45,8 @@ def finish_rows(
         tl.debug_barrier()  # every thread's partials are stored before the ticket is drawn
         tile = tl.program_id(0)
         ticket = tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLITS - 1:
+        last = ticket == SPLITS - 1
+        if last:
             acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
             for s in tl.static_range(SPLITS):
                 acc += tl.load(
@@ -50,6 +54,29 @@ def finish_rows(
                 )
             _store(out_ptr, acc, rows, N, BLOCK_N, ACT)
             tl.atomic_xchg(tickets_ptr + tile, 0, sem="relaxed", scope="gpu")
+    return last
+
+
+@triton.jit
+def round_gated(out_ptr, tickets_ptr, n_tiles, xq_ptr, xd_ptr, xs_ptr, BLOCK_N: tl.constexpr,
+                W: tl.constexpr, G: tl.constexpr):  # fmt: skip
+    """After the program that stored a row tile's gated outputs (BLOCK_N / 2 of them) did so:
+    round them to int8 in layout (W, G) for the GEMV that reads them next, from the stored
+    values. A sub-block of W outputs spans W / (BLOCK_N / 2) tiles: the last of them to store
+    (a ticket at ``tickets[n_tiles + sub-block]``, after the split-K counters) reads the
+    sub-block back from L2 and rounds it, and sets the counter back to zero."""
+    TILES: tl.constexpr = W // (BLOCK_N // 2)
+    blk = tl.program_id(0) // TILES
+    tl.debug_barrier()  # every thread's outputs are stored before they are read (or released)
+    go = True
+    if TILES > 1:
+        ticket = tl.atomic_add(tickets_ptr + n_tiles + blk, 1, sem="acq_rel", scope="gpu")
+        go = ticket == TILES - 1
+    if go:
+        v = tl.load(out_ptr + blk * W + tl.arange(0, W), cache_modifier=".cg").to(tl.float32)
+        round_blocks(tl.reshape(v, (1, W)), blk, blk + 1, xq_ptr, xd_ptr, xs_ptr, W, G)
+        if TILES > 1:
+            tl.atomic_xchg(tickets_ptr + n_tiles + blk, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

@@ -124,7 +124,8 @@ def test_gated_outputs_rounded_for_the_next_gemv(layout: tuple[int, int], split:
     want = int8_buffers_for(n_out, w, g, x.device)
     quantize_x_kernel[(n_out // (w * g),)](got[0], *want, W=w, G=g, PDL=False)
     assert torch.equal(bufs[0], want[0]) and torch.equal(bufs[1], want[1])
-    torch.testing.assert_close(bufs[2], want[2], rtol=1e-6, atol=1e-6)
+    # float sums of 16 or 32 outputs in another order (the H200: 1.7e-6 relative in one of 32)
+    torch.testing.assert_close(bufs[2], want[2], rtol=1e-5, atol=1e-6 * want[2].abs().max())
     assert not iw.tickets.any()
     with pytest.raises(ValueError, match="out_int8"):
         packed_matmul(x, iw, torch.bfloat16, _cfg(split, 2), out_int8=(*bufs, w, g))  # no act

@@ -44,6 +44,11 @@ def test_coordinate_search_keeps_only_clear_wins() -> None:
 
 def test_rows_trials_sweep_the_split_then_the_tiles() -> None:
     trials = rows_trials(4)
+    piped = [t for t in trials if t.get("STAGES")]
+    assert sorted((t["STAGES"], t["SPLIT_K"]) for t in piped) == [
+        (2, 1), (2, 2), (2, 4), (3, 1), (3, 2), (3, 4)
+    ]  # fmt: skip
+    trials = [t for t in trials if t not in piped]
     default_tile = [t for t in trials if (t["num_warps"], t["PREFETCH"], t["QX"]) == (4, 0, 0)]
     assert sorted(t["SPLIT_K"] for t in default_tile) == [s for s in SPLITS if s != 4]
     others = [t for t in trials if t not in default_tile]

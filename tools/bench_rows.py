@@ -29,6 +29,8 @@ from tools.bench_qgemv import copy_bandwidth, random_weight
 DEVICE = "cuda"
 # (num_warps = chunks in flight, PREFETCH, QX) x splits: the tuner's quick list (five compiles)
 ROWS_CONFIGS = [{"num_warps": w, "PREFETCH": p, "QX": qx} for w, p, qx in ROWS_TILES]
+# and the 4-warp tile's chunk loop pipelined by Triton (STAGES: weights through shared memory)
+ROWS_CONFIGS += [{"num_warps": 4, "PREFETCH": 0, "QX": 0, "STAGES": s} for s in (2, 3)]
 SPLITS = (1, 2, 4, 8, 16)
 
 

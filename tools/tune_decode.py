@@ -58,7 +58,8 @@ def coordinate_search(
 
 def rows_trials(default_split: int) -> list[dict]:
     """The default tile (4 warps, no prefetch or prologue rounding) at every split, then at the
-    default split the same tile with QX and the other rows tiles."""
+    default split the same tile with QX and the other rows tiles, then the tile's pipelined
+    loop (STAGES 2 and 3) at splits 1, 2 and the default."""
     from shared.kernels.qmatmul.tuning import ROWS_TILES
 
     tile = {"ROWS": 1, "INT8": 1, "num_warps": 4, "PREFETCH": 0, "QX": 0}
@@ -68,6 +69,11 @@ def rows_trials(default_split: int) -> list[dict]:
     for w, p, qx in ((4, 0, 1), *ROWS_TILES):
         if (w, p, qx) != (4, 0, 0):
             out.append({**tile, "num_warps": w, "PREFETCH": p, "QX": qx, "SPLIT_K": default_split})
+    # the chunk loop pipelined (STAGES, shared memory): it needs several iterations a program,
+    # so also at the low splits
+    for stages in (2, 3):
+        for s in sorted({1, 2, default_split}):
+            out.append({**tile, "STAGES": stages, "SPLIT_K": s})
     return out
 
 

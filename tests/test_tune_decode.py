@@ -81,3 +81,12 @@ def test_default_rows_split_is_the_dispatch_default() -> None:
 
     pw = pack(random_raw(T.Q4_K, 32, 4096, seed=1), T.Q4_K, (32, 4096))
     assert default_rows_split(pw) == 4
+
+
+def test_bench_rows_configs_reach_the_rows_gemv() -> None:
+    """packed_matmul gives a batch-1 config without the ROWS key the rows GEMV's default tile
+    and split, so every candidate of tools/bench_rows must carry it."""
+    from tools.bench_rows import ROWS_CONFIGS
+
+    assert ROWS_CONFIGS and all(c.get("ROWS") for c in ROWS_CONFIGS)
+    assert any(c.get("STAGES") for c in ROWS_CONFIGS)

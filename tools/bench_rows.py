@@ -28,9 +28,14 @@ from tools.bench_qgemv import copy_bandwidth, random_weight
 
 DEVICE = "cuda"
 # (num_warps = chunks in flight, PREFETCH, QX) x splits: the tuner's quick list (five compiles)
-ROWS_CONFIGS = [{"num_warps": w, "PREFETCH": p, "QX": qx} for w, p, qx in ROWS_TILES]
-# and the 4-warp tile's chunk loop pipelined by Triton (STAGES: weights through shared memory)
-ROWS_CONFIGS += [{"num_warps": 4, "PREFETCH": 0, "QX": 0, "STAGES": s} for s in (2, 3)]
+# and the 4-warp tile's chunk loop pipelined by Triton (STAGES: weights through shared memory).
+# Each carries ROWS: packed_matmul gives a config without it the default tile and split (so
+# from eaef622 to 8e2400c every candidate here timed the default config).
+ROWS_CONFIGS = [
+    *({"num_warps": w, "PREFETCH": p, "QX": qx} for w, p, qx in ROWS_TILES),
+    *({"num_warps": 4, "PREFETCH": 0, "QX": 0, "STAGES": s} for s in (2, 3)),
+]
+ROWS_CONFIGS = [{"ROWS": 1, "INT8": 1, **c} for c in ROWS_CONFIGS]
 SPLITS = (1, 2, 4, 8, 16)
 
 
@@ -80,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             best_rows[f"{int(qtype)}|{n}x{k}"] = {
-                "ROWS": 1,
-                "INT8": 1,
                 **(best or {}),
                 "us": round(best_ms * 1e3, 2),
                 "shipped_us": round(shipped * 1e3, 2),

@@ -1,0 +1,48 @@
+"""tools/ab_w1.py: each variant switches off what it names while its engine is built, and
+everything is as before afterwards (the next variant starts from the defaults)."""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+
+import pytest
+
+import shared.kernels.norm as norm
+import shared.kernels.paged_attention as pa
+import shared.model.linear as linear
+import tools.ab_w1 as ab
+from shared.model.weights import WeightLoader
+
+
+def _state() -> tuple:
+    return (
+        os.environ.get("SKIFF_NORM_ROUNDING"),
+        norm._SLICED_ROWS,
+        pa._rounds_heads(128, 32),
+        linear.rounds_gated(14336, 32, 8),
+        WeightLoader.split_linear,
+    )
+
+
+def test_variants_switch_one_thing_each_and_restore_it() -> None:
+    before = _state()
+    assert before[2] and before[3] and before[1] > 0
+    changed = {}
+    for name in ab.VARIANTS:
+        with ExitStack() as stack:
+            ab._variant(name)(stack)
+            changed[name] = {
+                i for i, (a, b) in enumerate(zip(before, _state(), strict=True)) if a != b
+            }
+        assert _state() == before
+    assert changed == {
+        "default": set(),
+        "norm-off": {0},
+        "norm-whole": {1},
+        "combine-off": {2},
+        "gated-off": {3},
+        "qkv-unfused": {4},
+    }
+    with pytest.raises(SystemExit, match="unknown variant"):
+        ab._variant("nope")

@@ -1,0 +1,109 @@
+"""W1 A/B in one process: the engine built once per variant, the variants interleaved by round.
+
+    python -m tools.ab_w1 MODEL.gguf:default,norm-off[,...] [MODEL.gguf:...] [--rounds 2]
+
+Each variant switches one GPU-path choice off (or to its earlier form) before the engine is
+built, then ``tools.bench_w1.bench`` times it (512-token prompt, 128 tokens, three runs); one
+JSON line per (model, round, variant). Same-call comparisons are what BENCHMARKS.md's A/B
+figures are: W1 moved by several percent between calls and machines, by under 0.3 % within one.
+
+Variants (``VARIANTS``): ``default``; ``norm-off`` (no int8 rounding in the RMSNorm,
+``SKIFF_NORM_ROUNDING=0``); ``norm-whole`` (the rounding norm in one program a row);
+``combine-off`` (the attention's combine pass rounds nothing); ``gated-off`` (the gated GEMV
+rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import torch
+
+
+@contextmanager
+def _patched(obj, name: str, value):
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
+
+
+@contextmanager
+def _env(name: str, value: str):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+def _unfused_split_linear(self, names, outs, in_features):
+    from shared.model.linear import SplitLinear
+
+    parts = [
+        self._fused([(n, o)], in_features, self.f.info(f"{n}.weight").qtype)
+        for n, o in zip(names, outs, strict=True)
+    ]
+    return SplitLinear(parts, outs)
+
+
+def _variant(name: str) -> Callable[[ExitStack], None]:
+    """The patches of a variant, entered on the given stack."""
+    import shared.kernels.norm as norm
+    import shared.kernels.paged_attention as pa
+    import shared.model.linear as linear
+    from shared.model.weights import WeightLoader
+
+    patches = {
+        "default": [],
+        "norm-off": [_env("SKIFF_NORM_ROUNDING", "0")],
+        "norm-whole": [_patched(norm, "_SLICED_ROWS", 0)],
+        "combine-off": [_patched(pa, "_rounds_heads", lambda head_dim, w: False)],
+        "gated-off": [_patched(linear, "rounds_gated", lambda n_out, w, g: False)],
+        "qkv-unfused": [_patched(WeightLoader, "split_linear", _unfused_split_linear)],
+    }
+    if name not in patches:
+        raise SystemExit(f"unknown variant {name!r}: one of {', '.join(patches)}")
+    return lambda stack: [stack.enter_context(p) for p in patches[name]]
+
+
+VARIANTS = ("default", "norm-off", "norm-whole", "combine-off", "gated-off", "qkv-unfused")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("specs", nargs="+", help="MODEL.gguf:variant,variant,...")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--device", default="cuda:0")
+    a = p.parse_args(argv)
+    from tools.bench_w1 import bench
+
+    plans = []
+    for spec in a.specs:
+        path, _, names = spec.rpartition(":")
+        plans.append((Path(path), [(n, _variant(n)) for n in names.split(",")]))
+    for path, variants in plans:
+        for r in range(a.rounds):
+            for name, enter in variants:
+                with ExitStack() as stack:
+                    enter(stack)
+                    res = bench(path, a.device, 512, 128, 3, True, "auto")
+                print(json.dumps({"variant": name, "round": r} | res), flush=True)
+                torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, tune
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, tune, ab
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
   [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -58,6 +58,12 @@ case " $STAGES " in *" w1 "*)
   models 2>&1
   timeout ${W1_S:-420} python3 -m tools.bench_w1 $(for t in $TYPES; do echo /tmp/l3-$t.gguf; done) \
     2>&1 | tee "$OUT/w1-skiff.jsonl" ;;
+esac
+case " $STAGES " in *" ab "*)  # W1 A/B in one process (tools/ab_w1.py); AB_VARIANTS for each type
+  models 2>&1
+  timeout ${AB_S:-300} python3 -m tools.ab_w1 --rounds ${AB_ROUNDS:-2} $(for t in $TYPES; do
+    echo /tmp/l3-$t.gguf:${AB_VARIANTS:-default,norm-off}; done) 2>&1 | grep '^{' \
+    | tee "$OUT/ab.jsonl" ;;
 esac
 cp /tmp/skiff-cache/qmatmul-tuning.json "$OUT/" 2>/dev/null  # measured tiles: ship them (tuned/)
 case " $STAGES " in *" sweep "*)

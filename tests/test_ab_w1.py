@@ -31,7 +31,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
     changed = {}
     for name in ab.VARIANTS:
         with ExitStack() as stack:
-            ab._variant(name)(stack)
+            ab.enter_variant(stack, name)
             changed[name] = {
                 i for i, (a, b) in enumerate(zip(before, _state(), strict=True)) if a != b
             }
@@ -45,4 +45,4 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "qkv-unfused": {4},
     }
     with pytest.raises(SystemExit, match="unknown variant"):
-        ab._variant("nope")
+        ab.enter_variant(ExitStack(), "nope")

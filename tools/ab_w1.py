@@ -7,8 +7,8 @@ built, then ``tools.bench_w1.bench`` times it (512-token prompt, 128 tokens, thr
 JSON line per (model, round, variant). Same-call comparisons are what BENCHMARKS.md's A/B
 figures are: W1 moved by several percent between calls and machines, by under 0.3 % within one.
 
-Variants (``VARIANTS``): ``default``; ``norm-off`` (no int8 rounding in the RMSNorm,
-``SKIFF_NORM_ROUNDING=0``); ``norm-whole`` (the rounding norm in one program a row);
+Variants (``VARIANTS``, what each switches off): ``default``; ``norm-off`` (no int8 rounding
+in the RMSNorm, ``SKIFF_NORM_ROUNDING=0``); ``norm-whole`` (the rounding norm in one program a row);
 ``combine-off`` (the attention's combine pass rounds nothing); ``gated-off`` (the gated GEMV
 rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each).
 """
@@ -16,6 +16,7 @@ rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each)
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -59,27 +60,34 @@ def _unfused_split_linear(self, names, outs, in_features):
     return SplitLinear(parts, outs)
 
 
-def _variant(name: str) -> Callable[[ExitStack], None]:
-    """The patches of a variant, entered on the given stack."""
-    import shared.kernels.norm as norm
-    import shared.kernels.paged_attention as pa
-    import shared.model.linear as linear
-    from shared.model.weights import WeightLoader
-
-    patches = {
-        "default": [],
-        "norm-off": [_env("SKIFF_NORM_ROUNDING", "0")],
-        "norm-whole": [_patched(norm, "_SLICED_ROWS", 0)],
-        "combine-off": [_patched(pa, "_rounds_heads", lambda head_dim, w: False)],
-        "gated-off": [_patched(linear, "rounds_gated", lambda n_out, w, g: False)],
-        "qkv-unfused": [_patched(WeightLoader, "split_linear", _unfused_split_linear)],
-    }
-    if name not in patches:
-        raise SystemExit(f"unknown variant {name!r}: one of {', '.join(patches)}")
-    return lambda stack: [stack.enter_context(p) for p in patches[name]]
+def _off(module: str, name: str, value) -> Callable[[], object]:
+    """A patch of module.name, imported when entered (the engine's modules load lazily)."""
+    return lambda: _patched(importlib.import_module(module), name, value)
 
 
-VARIANTS = ("default", "norm-off", "norm-whole", "combine-off", "gated-off", "qkv-unfused")
+# each variant: the context managers (made fresh per build) that switch off what it names
+VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
+    "default": (),
+    "norm-off": (lambda: _env("SKIFF_NORM_ROUNDING", "0"),),
+    "norm-whole": (_off("shared.kernels.norm", "_SLICED_ROWS", 0),),
+    "combine-off": (_off("shared.kernels.paged_attention", "_rounds_heads", lambda h, w: False),),
+    "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
+    "qkv-unfused": (
+        lambda: _patched(
+            importlib.import_module("shared.model.weights").WeightLoader,
+            "split_linear",
+            _unfused_split_linear,
+        ),
+    ),
+}
+
+
+def enter_variant(stack: ExitStack, name: str) -> None:
+    """Switch off what variant `name` names until `stack` closes."""
+    if name not in VARIANTS:
+        raise SystemExit(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
+    for make in VARIANTS[name]:
+        stack.enter_context(make())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     plans = []
     for spec in a.specs:
         path, _, names = spec.rpartition(":")
-        plans.append((Path(path), [(n, _variant(n)) for n in names.split(",")]))
-    for path, variants in plans:
+        plans.append((Path(path), names.split(",")))
+    if unknown := {n for _, names in plans for n in names} - VARIANTS.keys():
+        raise SystemExit(f"unknown variants {sorted(unknown)}: one of {', '.join(VARIANTS)}")
+    for path, names in plans:
         for r in range(a.rounds):
-            for name, enter in variants:
+            for name in names:
                 with ExitStack() as stack:
-                    enter(stack)
+                    enter_variant(stack, name)
                     res = bench(path, a.device, 512, 128, 3, True, "auto")
                 print(json.dumps({"variant": name, "round": r} | res), flush=True)
                 torch.cuda.empty_cache()

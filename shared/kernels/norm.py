@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
-from shared.kernels.qmatmul.int8_activations import int8_buffers_for, round_chunks
+from shared.kernels.qmatmul.int8_activations import int8_buffers_for, round_blocks
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # A row lives in registers; past this a looped two-pass kernel would be needed.
@@ -76,11 +76,13 @@ def _rms_norm_kernel(
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = (x * tl.rsqrt(mean_sq + eps) * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (t * n_heads + h) * n_cols + cols, y, mask=mask)
-    c0 = tl.program_id(2) * SLICE  # (the first column of the slice)
-    if ROUND >= 1:  # from the stored values
-        _round_row(y.to(tl.float32), c0, n_cols, xq1_ptr, xd1_ptr, xs1_ptr, SLICE, W1, G1)
+    c0 = tl.program_id(2) * SLICE  # the slice's sub-blocks, from the stored values
+    if ROUND >= 1:
+        y1 = tl.reshape(y.to(tl.float32), (SLICE // W1, W1))
+        round_blocks(y1, c0 // W1, n_cols // W1, xq1_ptr, xd1_ptr, xs1_ptr, W1, G1)
     if ROUND == 2:
-        _round_row(y.to(tl.float32), c0, n_cols, xq2_ptr, xd2_ptr, xs2_ptr, SLICE, W2, G2)
+        y2 = tl.reshape(y.to(tl.float32), (SLICE // W2, W2))
+        round_blocks(y2, c0 // W2, n_cols // W2, xq2_ptr, xd2_ptr, xs2_ptr, W2, G2)
 
 
 @triton.jit
@@ -92,15 +94,6 @@ def _row_sum(x_row, res_row, cols, mask, HAS_RESIDUAL: tl.constexpr):
         r = tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)
         x = (x + r).to(res_row.dtype.element_ty).to(tl.float32)
     return x
-
-
-@triton.jit
-def _round_row(y, c0, n_cols, xq_ptr, xd_ptr, xs_ptr, SLICE: tl.constexpr, W: tl.constexpr,
-               G: tl.constexpr):  # fmt: skip
-    """The columns c0 .. c0 + SLICE - 1 of a row (y: [SLICE] float32, zero past n_cols; c0 a
-    multiple of W * G) rounded to int8 in layout (W, G): its chunks past n_cols not stored."""
-    y3 = tl.reshape(y, (SLICE // (W * G), G, W))
-    round_chunks(y3, c0 // (W * G), n_cols // (W * G), xq_ptr, xd_ptr, xs_ptr, W, G)
 
 
 def _check_weight(x: torch.Tensor, weight: torch.Tensor, n: int) -> None:

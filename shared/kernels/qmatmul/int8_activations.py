@@ -6,12 +6,12 @@ sub-block (for the weights' offsets). The codes are stored as words ``xq[c, a, j
 element ``W*j + 4a + t`` of chunk c), so that a GEMV thread's four words of a weight group meet
 their activations in one word per field.
 
-``round_blocks`` is the one implementation (``round_chunks`` calls it for whole chunks):
-``quantize_x_kernel`` runs it once per chunk (``quantize_chunk``, a launch of its own before
-the GEMV); a GEMV with ``QX`` runs it for its own chunks in its prologue (no launch: every
-program of a split rounds the same chunks and stores the same words); at batch 1 the RMSNorm
-(``norm.add_rms_norm_int8``) and the decode attention's combine pass (a head's sub-blocks)
-run it on the values they store, for the GEMVs that read them.
+``round_blocks`` is the one implementation: ``quantize_x_kernel`` runs it once per chunk
+(``quantize_chunk``, a launch of its own before the GEMV); a GEMV with ``QX`` runs it for its
+own chunks in its prologue (no launch: every program of a split rounds the same chunks and
+stores the same words); at batch 1 the RMSNorm (``norm.add_rms_norm_int8``), the decode
+attention's combine pass (a head's sub-blocks) and the gated rows GEMV
+(``split_tickets.round_gated``) run it on the values they store, for the GEMVs that read them.
 
 ``prepare_rows_int8`` rounds the rows of a batch the same way for the int8 GEMM
 (``packed_gemm8``), its codes in row order (``[M, K]`` int8).
@@ -36,7 +36,6 @@ __all__ = [
     "quantize_chunk",
     "quantize_x_kernel",
     "round_blocks",
-    "round_chunks",
 ]
 
 
@@ -54,14 +53,6 @@ def _round(x):
     sub-block."""
     amax = tl.max(tl.abs(x), axis=-1)
     return _codes(x, tl.expand_dims(amax, -1)), amax
-
-
-@triton.jit
-def round_chunks(x, c0, c1, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr):
-    """Chunks c0, c0 + 1, ... of x ([C, G, W] float32, sub-block j of chunk c0 + i at x[i, j]),
-    those below c1 stored (round_blocks)."""
-    C: tl.constexpr = x.shape[0]
-    round_blocks(tl.reshape(x, (C * G, W)), c0 * G, c1 * G, xq_ptr, xd_ptr, xs_ptr, W, G)
 
 
 @triton.jit
@@ -87,10 +78,10 @@ def round_blocks(x, b0, b1, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.const
 @triton.jit
 def quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W: tl.constexpr, G: tl.constexpr):
     """Chunk c of x (W * G elements, sub-block j = elements W*j .. W*j + W - 1) rounded by
-    round_chunks."""
-    j = tl.arange(0, G)[None, :, None]
-    x = tl.load(x_ptr + c * (W * G) + j * W + tl.arange(0, W)[None, None, :]).to(tl.float32)
-    round_chunks(x, c, c + 1, xq_ptr, xd_ptr, xs_ptr, W, G)
+    round_blocks."""
+    j = tl.arange(0, G)[:, None]
+    x = tl.load(x_ptr + c * (W * G) + j * W + tl.arange(0, W)[None, :]).to(tl.float32)
+    round_blocks(x, c * G, (c + 1) * G, xq_ptr, xd_ptr, xs_ptr, W, G)
 
 
 @triton.jit

@@ -190,16 +190,15 @@ def _x_scales(ptr, cb, c1, KW: tl.constexpr, G: tl.constexpr, J0: tl.constexpr,
     351.4 tok/s with four against 347.7 with one; Q6_K 402.3 against 403.4, Q4_K_M 417.7
     against 419.3)."""
     k = (cb + tl.arange(0, KW))[None, :, None]
-    if VEC and ONE:
-        at = k * G + J0 + tl.arange(0, 4)[None, None, :]
-        v = tl.load(ptr + at, mask=tl.broadcast_to(k < c1, (1, KW, 4)), other=0.0)
-        e, o = tl.split(tl.reshape(tl.broadcast_to(v, (ROWS, KW, 4)), (ROWS, KW, 2, 2)))
-        v0, v2 = tl.split(e)
-        v1, v3 = tl.split(o)
-        return v0, v1, v2, v3
     if VEC:
-        at = tl.broadcast_to(k * G + J0 + tl.arange(0, 4)[None, None, :], (ROWS, KW, 4))
-        v = tl.load(ptr + at, mask=tl.broadcast_to(k < c1, (ROWS, KW, 4)), other=0.0)
+        at = k * G + J0 + tl.arange(0, 4)[None, None, :]
+        if ONE:  # one copy a program, broadcast to the rows after (_x_words')
+            v = tl.load(ptr + at, mask=tl.broadcast_to(k < c1, (1, KW, 4)), other=0.0)
+            v = tl.broadcast_to(v, (ROWS, KW, 4))
+        else:
+            shape: tl.constexpr = (ROWS, KW, 4)
+            v = tl.load(ptr + tl.broadcast_to(at, shape), mask=tl.broadcast_to(k < c1, shape),
+                        other=0.0)  # fmt: skip
         e, o = tl.split(tl.reshape(v, (ROWS, KW, 2, 2)))
         v0, v2 = tl.split(e)
         v1, v3 = tl.split(o)
@@ -319,30 +318,27 @@ def gemv_int8_rows_kernel(
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, True,
                            STAGES > 0)  # fmt: skip
             cb += KW
-    elif STAGES > 0:
-        # as below, the loop pipelined: the next chunks' weights (and the activations, one copy
-        # a program) stream into shared memory (cp.async) while these are multiplied
-        cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
-                    stride_q, stride_s, stride_d, W, KW)  # fmt: skip
-        wait_prev(PDL)
-        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
-        acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
-        for cb in tl.range(c0 + KW, c1, KW, num_stages=STAGES):
-            cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
-                        stride_q, stride_s, stride_d, W, KW)  # fmt: skip
-            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False,
-                           True)  # fmt: skip
-    elif not PREFETCH:
+    elif STAGES > 0 or not PREFETCH:
         # the first chunks' weights load while the previous kernel ends (PDL); the rest as a loop
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
                     stride_q, stride_s, stride_d, W, KW)  # fmt: skip
         wait_prev(PDL)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
-        for cb in range(c0 + KW, c1, KW):
-            cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
-                        stride_q, stride_s, stride_d, W, KW)  # fmt: skip
-            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
+        if STAGES > 0:
+            # pipelined: the next chunks' weights (and the activations, one copy a program)
+            # stream into shared memory (cp.async) while these are multiplied
+            for cb in tl.range(c0 + KW, c1, KW, num_stages=STAGES):
+                cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb,
+                            c1, stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+                acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW,
+                               False, True)  # fmt: skip
+        else:
+            for cb in range(c0 + KW, c1, KW):
+                cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb,
+                            c1, stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+                acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW,
+                               False)  # fmt: skip
     else:
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
                     stride_q, stride_s, stride_d, W, KW)  # fmt: skip

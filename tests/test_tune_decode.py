@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.tuning import Tuner
 from tests.test_kernel_packed_matmul import random_raw
-from tools.tune_decode import SPLITS, coordinate_search, rows_trials
+from tools.tune_decode import SPLITS, coordinate_search, parse_only, rows_trials, selected
 
 
 def test_coordinate_search_keeps_only_clear_wins() -> None:
@@ -90,3 +91,15 @@ def test_bench_rows_configs_reach_the_rows_gemv() -> None:
 
     assert ROWS_CONFIGS and all(c.get("ROWS") for c in ROWS_CONFIGS)
     assert any(c.get("STAGES") for c in ROWS_CONFIGS)
+
+
+def test_only_keeps_the_named_values() -> None:
+    only = parse_only(["STAGES=2", "STAGES=3", "SPLIT_K=1"])
+    assert only == {"STAGES": {2, 3}, "SPLIT_K": {1}}
+    kept = [t for t in rows_trials(4) if selected(t, only)]
+    assert sorted((t["STAGES"], t["SPLIT_K"]) for t in kept) == [(2, 1), (3, 1)]
+    assert [t for t in rows_trials(4) if selected(t, parse_only(["STAGES=0"]))] == [
+        t for t in rows_trials(4) if not t.get("STAGES")
+    ]
+    with pytest.raises(SystemExit, match="KEY=INTEGER"):
+        parse_only(["STAGES"])

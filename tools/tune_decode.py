@@ -1,6 +1,7 @@
 """Batch-1 configs of the rows GEMV timed inside the engine's decode steps, not one GEMV alone.
 
     python -m tools.tune_decode MODEL.gguf [--json winners.json] [--gen 64] [--runs 2]
+        [--only KEY=VALUE ...]   # e.g. --only STAGES=2 STAGES=3: just the pipelined loop
 
 BENCHMARKS.md (u): the configs that won when one GEMV was timed alone (weight cold in L2,
 graph-replayed: tools/bench_rows.py, the load-time tuner) made W1 25-34 % slower than the rows
@@ -77,6 +78,22 @@ def rows_trials(default_split: int) -> list[dict]:
     return out
 
 
+def parse_only(items: list[str]) -> dict[str, set[int]]:
+    """``["STAGES=2", "STAGES=3", "SPLIT_K=1"]`` -> {"STAGES": {2, 3}, "SPLIT_K": {1}}."""
+    out: dict[str, set[int]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise SystemExit(f"--only takes KEY=INTEGER, not {item!r}")
+        out.setdefault(key, set()).add(int(value))
+    return out
+
+
+def selected(cfg: dict, only: dict[str, set[int]]) -> bool:
+    """Whether a candidate passes the --only filter (a key it lacks counts as 0)."""
+    return all(cfg.get(key, 0) in values for key, values in only.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     from shared.engine import Sequence
     from shared.engine.cuda_graphs import StepGraphs
@@ -94,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen", type=int, default=64)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--only", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="try only the candidates whose KEY equals one of these VALUEs")  # fmt: skip
     a = p.parse_args(argv)
+    only = parse_only(a.only)
     if not torch.cuda.is_available():
         sys.exit("tune_decode needs a CUDA device")
     max_len = a.prompt + a.gen + 16
@@ -120,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         pw = layers[key]
         x = torch.randn(1, pw.shape[1], device=pw.q.device, dtype=torch.bfloat16)
         ref = packed_matmul(x, pw, torch.float32, {"ROWS": 1, "num_warps": 4})
-        cands = rows_trials(default_rows_split(pw))
+        cands = [c for c in rows_trials(default_rows_split(pw)) if selected(c, only)]
         return [c for c in cands if agrees(packed_matmul(x, pw, torch.float32, c), ref, INT8_TOL)]
 
     params = SamplingParams(temperature=0.0).validate()

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, tune, ab
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, tune (TUNE_ARGS), ab
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
   [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -73,7 +73,7 @@ esac
 case " $STAGES " in *" tune "*)  # batch-1 rows configs timed in the engine's decode steps
   models 2>&1
   for t in $TYPES; do
-    timeout ${TUNE_S:-240} python3 -m tools.tune_decode /tmp/l3-$t.gguf --json "$OUT/tune-$t.json" \
+    timeout ${TUNE_S:-240} python3 -m tools.tune_decode /tmp/l3-$t.gguf --json "$OUT/tune-$t.json" ${TUNE_ARGS:-} \
       2>&1 | grep -v "^USDT\|Warning\|warn" | tee "$OUT/tune-$t.txt"
   done ;;
 esac

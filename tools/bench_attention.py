@@ -10,6 +10,11 @@ timed as a decode step runs them (replayed from a CUDA graph: no Python launch c
 --contexts 8192 32768` asks whether long single streams want more than `_MAX_SPLITS` slices
 (BENCHMARKS.md (v): about 97 us a layer at 32k, latency-bound).
 
+`--decode-tiles`: instead, decode batches (`--batches`, `--contexts`) by decode tile shape (keys
+a tile, warps, pipeline stages) and split count (`--splits`), graph-replayed: where batch-1
+attention over long contexts spends its time (BENCHMARKS.md (w): 59 us a layer at 32k for bf16
+and FP8 alike, about 2.7 us a key tile a program whatever the dtype).
+
 `--chunks`: instead, W3's steps: a prompt chunk of 256/384/512 tokens over a 4k-28k prefix beside
 7 decodes at 2k keys, graph-replayed, by split count (auto: chunk_num_splits) and prefill tiles.
 
@@ -144,6 +149,44 @@ def chunk_steps(args: argparse.Namespace) -> None:
     pa._pick_tiles = default_tiles
 
 
+DECODE_TILES = {
+    "n64 w4 s3": (64, 4, 3), "n64 w2 s3": (64, 2, 3), "n64 w8 s3": (64, 8, 3),
+    "n128 w4 s2": (128, 4, 2), "n128 w4 s3": (128, 4, 3), "n128 w8 s2": (128, 8, 2),
+    "n128 w8 s3": (128, 8, 3), "n256 w8 s2": (256, 8, 2),
+}  # fmt: skip
+
+
+def decode_tiles(args: argparse.Namespace) -> None:
+    """Decode batches by tile shape (DECODE_TILES; the first is the default's) and split count,
+    graph-replayed, in us per call and GB/s of KV read."""
+    import shared.kernels.paged_attention as pa
+
+    default_tiles = pa._pick_tiles
+    splits = args.splits or [16, 32, 64, 128]
+    print("decode by tile (keys a tile, warps, stages), graph-replayed: us per call (GB/s)")
+    for name, (tile_n, warps, stages) in DECODE_TILES.items():
+
+        def pick(q_len: int, group: int, head_dim: int, t=(tile_n, warps, stages)) -> pa._Tiles:
+            tiles = default_tiles(q_len, group, head_dim)
+            return pa._Tiles(tiles.block_m, *t) if q_len <= 1 else tiles
+
+        pa._pick_tiles = pick
+        for batch in args.batches:
+            for ctx in args.contexts:
+                nbytes = kv_bytes(args, batch * ctx)
+                cells = []
+                for s in splits:
+                    try:
+                        ms = run(args, [1] * batch, [ctx] * batch, graph=True, num_splits=s)
+                    except Exception as e:  # a tile shape the compiler refuses: say so
+                        cells.append(f"{s}: {type(e).__name__}")
+                        continue
+                    cells.append(f"{s}: {ms * 1e3:6.1f} ({nbytes / ms / 1e6:4.0f})")
+                print(f"  {args.dtype} {name:11s} B={batch} ctx={ctx:5d}  " + "  ".join(cells),
+                      flush=True)  # fmt: skip
+    pa._pick_tiles = default_tiles
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", choices=DTYPES, default="bf16", help="KV cache dtype")
@@ -158,12 +201,16 @@ def main() -> None:
         "--contexts", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="with --splits"
     )
     p.add_argument("--chunks", action="store_true", help="W3's chunk steps (see above)")
+    p.add_argument("--decode-tiles", action="store_true", help="decode tile shapes (see above)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA device")
     print(f"{torch.cuda.get_device_name()}  {vars(args)}")
     if args.chunks:
         chunk_steps(args)
+        return
+    if args.decode_tiles:
+        decode_tiles(args)
         return
     if args.splits:
         print("decode, graph-replayed: us per call by split count (auto: default_num_splits)")

@@ -7,7 +7,9 @@ import os
 from contextlib import ExitStack
 
 import pytest
+import torch
 
+import shared.engine.cuda_graphs as graphs
 import shared.kernels.norm as norm
 import shared.kernels.paged_attention as pa
 import shared.model.linear as linear
@@ -22,6 +24,7 @@ def _state() -> tuple:
         pa._rounds_heads(128, 32),
         linear.rounds_gated(14336, 32, 8),
         WeightLoader.split_linear,
+        (pa.decode_tile_keys(128, torch.bfloat16), graphs.decode_tile_keys(128, torch.bfloat16)),
     )
 
 
@@ -43,6 +46,10 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "combine-off": {2},
         "gated-off": {3},
         "qkv-unfused": {4},
+        "attn-64": {5},
     }
+    with ExitStack() as stack:
+        ab.enter_variant(stack, "attn-64")
+        assert _state()[5] == (64, 64)
     with pytest.raises(SystemExit, match="unknown variant"):
         ab.enter_variant(ExitStack(), "nope")

@@ -142,10 +142,10 @@ def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None
 def test_cuda_graph_decode_split_count_follows_the_context(
     cuda: str, synthetic_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Decode buckets are captured at several attention slice counts (here 8 and 16 at batch 1:
-    512 and 1024 keys) and a step replays the graph of the fewest slices not below its own
-    rule's: under 192 keys (at most 2 slices) the bucket's fewest; the tokens are eager's
-    (test_cuda_graph_decode_matches_eager)."""
+    """Decode buckets are captured at several attention slice counts (at batch 1: those of 512
+    and 1024 keys, one key tile a slice) and a step replays the graph of the fewest slices not
+    below its own rule's: under 192 keys (at most 2 slices) the bucket's fewest; the tokens
+    are eager's (test_cuda_graph_decode_matches_eager)."""
     import shared.engine.cuda_graphs as cg
 
     seen: list[tuple[list[int], int, int]] = []

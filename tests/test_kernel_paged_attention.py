@@ -176,7 +176,7 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
 def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """16-row, 16-key tiles: several query tiles per sequence and KV tiles to skip, at tiny T."""
 
-    def pick(max_query_len: int, group: int, head_dim: int) -> pa._Tiles:
+    def pick(max_query_len: int, group: int, head_dim: int, *_) -> pa._Tiles:
         return pa._Tiles(max(16, triton.next_power_of_2(group)), 16, 4, 1)
 
     monkeypatch.setattr(pa, "_pick_tiles", pick)

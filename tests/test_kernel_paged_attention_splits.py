@@ -59,6 +59,22 @@ def test_default_num_splits() -> None:
     assert pa.default_num_splits(4, 8, 4096, 132) == 8
     assert pa.default_num_splits(8, 8, 34000, 132) == 4
     assert pa.default_num_splits(1, 8, 100, 132) == 1
+    assert pa.default_num_splits(1, 8, 656, 132, tile_keys=128) == 5  # one 128-key tile a slice
+    assert pa.default_num_splits(1, 8, 32768, 132, tile_keys=128) == 32
+
+
+def test_decode_tiles_follow_the_cache_dtype_and_grid() -> None:
+    bf16, fp8 = torch.bfloat16, pa.FP8
+    assert pa.decode_tile_keys(128, bf16) == pa.decode_tile_keys(64, fp8) == 128
+    assert pa.decode_tile_keys(128, torch.float32) == 64  # shared memory: smaller tiles
+    assert pa.decode_tile_keys(256, bf16) == 32
+    shape = lambda t: (t.block_m, t.tile_n, t.num_warps, t.num_stages)  # noqa: E731
+    assert shape(pa._pick_tiles(1, 4, 128, bf16, small_grid=True)) == (16, 128, 8, 2)
+    assert shape(pa._pick_tiles(1, 4, 128, bf16, small_grid=False)) == (16, 128, 4, 2)
+    assert shape(pa._pick_tiles(1, 4, 128, fp8, small_grid=True)) == (16, 128, 4, 3)
+    assert shape(pa._pick_tiles(1, 4, 128, torch.float32)) == (16, 64, 4, 3)
+    assert shape(pa._pick_tiles(1, 32, 256, bf16)) == (32, 32, 4, 3)
+    assert pa._pick_tiles(64, 4, 128, fp8) == pa._pick_tiles(64, 4, 128)  # prefill: no change
 
 
 @pytest.mark.usefixtures("small_tiles")

@@ -1,6 +1,7 @@
 """W1 A/B in one process: the engine built once per variant, the variants interleaved by round.
 
     python -m tools.ab_w1 MODEL.gguf:default,norm-off[,...] [MODEL.gguf:...] [--rounds 2]
+        [--prompt 512 --gen 128 --runs 3 --kv-dtype auto]   # W6: --prompt 32000 --gen 64
 
 Each variant switches one GPU-path choice off (or to its earlier form) before the engine is
 built, then ``tools.bench_w1.bench`` times it (512-token prompt, 128 tokens, three runs); one
@@ -10,7 +11,9 @@ figures are: W1 moved by several percent between calls and machines, by under 0.
 Variants (``VARIANTS``, what each switches off): ``default``; ``norm-off`` (no int8 rounding
 in the RMSNorm, ``SKIFF_NORM_ROUNDING=0``); ``norm-whole`` (the rounding norm in one program a row);
 ``combine-off`` (the attention's combine pass rounds nothing); ``gated-off`` (the gated GEMV
-rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each).
+rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each);
+``attn-64`` (decode attention in 64-key tiles of 4 warps, the split rule counting 64-key tiles,
+as before (y)).
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ def _unfused_split_linear(self, names, outs, in_features):
     return SplitLinear(parts, outs)
 
 
+def _tile_keys_64(head_dim: int, cache_dtype) -> int:
+    return 64 if head_dim <= 128 else 32
+
+
 def _off(module: str, name: str, value) -> Callable[[], object]:
     """A patch of module.name, imported when entered (the engine's modules load lazily)."""
     return lambda: _patched(importlib.import_module(module), name, value)
@@ -72,6 +79,10 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "norm-whole": (_off("shared.kernels.norm", "_SLICED_ROWS", 0),),
     "combine-off": (_off("shared.kernels.paged_attention", "_rounds_heads", lambda h, w: False),),
     "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
+    "attn-64": (
+        _off("shared.kernels.paged_attention", "decode_tile_keys", _tile_keys_64),
+        _off("shared.engine.cuda_graphs", "decode_tile_keys", _tile_keys_64),
+    ),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,
@@ -95,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("specs", nargs="+", help="MODEL.gguf:variant,variant,...")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--device", default="cuda:0")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--gen", type=int, default=128)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--kv-dtype", default="auto", help="the KV cache's dtype (EngineConfig)")
     a = p.parse_args(argv)
     from tools.bench_w1 import bench
 
@@ -109,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 with ExitStack() as stack:
                     enter_variant(stack, name)
-                    res = bench(path, a.device, 512, 128, 3, True, "auto")
+                    res = bench(path, a.device, a.prompt, a.gen, a.runs, True, a.kv_dtype)
                 print(json.dumps({"variant": name, "round": r} | res), flush=True)
                 torch.cuda.empty_cache()
     return 0

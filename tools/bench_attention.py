@@ -121,9 +121,9 @@ def chunk_steps(args: argparse.Namespace) -> None:
     print("chunk + 7 decodes at 2k keys, graph-replayed: us per call (TFLOP/s) by split count")
     for name, tiles in variants.items():
 
-        def pick(q_len: int, group: int, head_dim: int, tiles=tiles) -> pa._Tiles:
+        def pick(q_len: int, group: int, head_dim: int, *rest, tiles=tiles) -> pa._Tiles:
             if tiles is None or q_len <= 1:
-                return default_tiles(q_len, group, head_dim)
+                return default_tiles(q_len, group, head_dim, *rest)
             return pa._Tiles(max(tiles[0], group), *tiles[1:])
 
         pa._pick_tiles = pick
@@ -157,8 +157,8 @@ DECODE_TILES = {
 
 
 def decode_tiles(args: argparse.Namespace) -> None:
-    """Decode batches by tile shape (DECODE_TILES; the first is the default's) and split count,
-    graph-replayed, in us per call and GB/s of KV read."""
+    """Decode batches by tile shape (DECODE_TILES; the first was the default before (y)) and
+    split count, graph-replayed, in us per call and GB/s of KV read."""
     import shared.kernels.paged_attention as pa
 
     default_tiles = pa._pick_tiles
@@ -166,8 +166,8 @@ def decode_tiles(args: argparse.Namespace) -> None:
     print("decode by tile (keys a tile, warps, stages), graph-replayed: us per call (GB/s)")
     for name, (tile_n, warps, stages) in DECODE_TILES.items():
 
-        def pick(q_len: int, group: int, head_dim: int, t=(tile_n, warps, stages)) -> pa._Tiles:
-            tiles = default_tiles(q_len, group, head_dim)
+        def pick(q_len: int, group: int, head_dim: int, *rest, t=(tile_n, warps, stages)):
+            tiles = default_tiles(q_len, group, head_dim, *rest)
             return pa._Tiles(tiles.block_m, *t) if q_len <= 1 else tiles
 
         pa._pick_tiles = pick

@@ -22,7 +22,12 @@ from __future__ import annotations
 import torch
 
 from shared.kernels.device import num_sms
-from shared.kernels.paged_attention import chunk_num_splits, chunk_split_limit, default_num_splits
+from shared.kernels.paged_attention import (
+    chunk_num_splits,
+    chunk_split_limit,
+    decode_tile_keys,
+    default_num_splits,
+)
 from shared.kv import KVPool
 from shared.model import ForwardBatch
 from shared.model.causal_lm import CausalLM
@@ -44,10 +49,13 @@ GRAPH_MODES = ("all", "decode", "off")  # which steps replay graphs (--cuda-grap
 DECODE_SPLIT_CONTEXTS = (512, 1024)
 
 
-def decode_split_counts(b: int, n_kv_heads: int, max_model_len: int, sms: int) -> list[int]:
-    """The attention slice counts decode bucket b is captured at (ascending)."""
+def decode_split_counts(
+    b: int, n_kv_heads: int, max_model_len: int, sms: int, tile_keys: int = 64
+) -> list[int]:
+    """The attention slice counts decode bucket b is captured at (ascending); tile_keys: the
+    decode tile's keys (paged_attention.decode_tile_keys)."""
     contexts = [n for n in DECODE_SPLIT_CONTEXTS if n < max_model_len] + [max_model_len]
-    return sorted({default_num_splits(b, n_kv_heads, n, sms) for n in contexts})
+    return sorted({default_num_splits(b, n_kv_heads, n, sms, tile_keys) for n in contexts})
 
 
 def pick_split_count(counts: list[int], want: int) -> int:
@@ -96,6 +104,7 @@ class StepGraphs:
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
         self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
         self.sms = num_sms(dev)  # for the attention split rules, asked every step
+        self.tile_keys = decode_tile_keys(kv.k[0].shape[-1], kv.k[0].dtype)  # the same
         # decode buckets' attention slices, one graph each (decode_split_counts; capture)
         self.decode_splits: dict[int, list[int]] = {}
         # by (kind, bucket, attention slices: 0 for mixed steps, whose count is set on the device)
@@ -142,7 +151,8 @@ class StepGraphs:
         self.slot_mapping.fill_(-1)
         heads = self.model.cfg.n_kv_heads
         self.decode_splits = {
-            b: decode_split_counts(b, heads, self.max_model_len, self.sms) for b in self.buckets
+            b: decode_split_counts(b, heads, self.max_model_len, self.sms, self.tile_keys)
+            for b in self.buckets
         }
         keys = [("mixed", b, 0) for b in reversed(self.mixed)]
         keys += [("decode", b, n) for b in reversed(self.buckets) for n in self.decode_splits[b]]
@@ -225,7 +235,9 @@ class StepGraphs:
             self.attn_splits.fill_(self._chunk_splits(batch, b))
         else:
             cfg = self.model.cfg
-            want = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, self.sms)
+            want = default_num_splits(
+                seqs, cfg.n_kv_heads, batch.max_seq_len, self.sms, self.tile_keys
+            )
             graph = (kind, b, pick_split_count(self.decode_splits[b], want))
         self.graphs[graph].replay()
         self.replays[kind] += 1

@@ -38,9 +38,9 @@ _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_HEAD_DIM = 256
 # Split-K: a slice shorter than this many keys costs more in the combine pass than it wins.
 _SPLIT_MIN_KEYS = 2048  # H200: shorter slices lost to the combine pass (B=16, 1k ctx: 140 vs 63 us)
-# ... except in batches of fewer than num_sms / 2 programs, where one 64-key tile a slice wins
-# (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (g): B=1 at 512 keys 13.7 -> 7.4 us with 8)
-_SPLIT_MIN_KEYS_SMALL = 64
+# ... except in batches of fewer than num_sms / 2 programs, where one key tile a slice wins
+# (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (g): B=1 at 512 keys 13.7 -> 7.4 us with 8
+# slices of 64 keys; (y): 6.8 us with 4 of 128, 7.3 with 8, half of them empty)
 # at most this many (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (w): batch 1 over 32k keys
 # took 101 us with 16 slices and 59 with 32, bf16 and FP8 alike; 2k and 8k gained 24-37 %)
 _MAX_SPLITS = 32
@@ -58,6 +58,7 @@ __all__ = [
     "_fp8_e4m3_from_bytes",
     "chunk_num_splits",
     "chunk_split_limit",
+    "decode_tile_keys",
     "default_num_splits",
     "paged_attention",
 ]
@@ -72,11 +73,40 @@ class _Tiles:
     per_sm: int = 1  # programs an SM holds at once (registers, shared memory): split-K's slots
 
 
-def _pick_tiles(max_query_len: int, group: int, head_dim: int) -> _Tiles:
+def decode_tile_keys(head_dim: int, cache_dtype: torch.dtype) -> int:
+    """Keys a decode program's tile holds. H200, batch 1-64 over 2k-32k keys, graph-replayed
+    (BENCHMARKS.md 2026-11-30 (y)): 128-key tiles beat 64-key ones for 16-bit and FP8 caches
+    (batch 1 over 32k keys: bf16 59.4 -> 45.1 us, FP8 58.8 -> 43.9; batch 16: 791 -> 530 and
+    762 -> 559; batch 64 FP8 2,588 -> 1,738, bf16 unchanged). A program's loop is a chain of
+    dependent steps (dot, row max across warps, exp, dot), so its time goes by iterations more
+    than by bytes; twice the keys an iteration halves them. float32 caches and heads over 128
+    keep the smaller tiles (shared memory)."""
+    if head_dim <= 128 and cache_dtype.itemsize <= 2:
+        return 128
+    return 64 if head_dim <= 128 else 32
+
+
+def _pick_tiles(
+    max_query_len: int,
+    group: int,
+    head_dim: int,
+    cache_dtype: torch.dtype = torch.bfloat16,
+    small_grid: bool = False,
+) -> _Tiles:
+    """Tiles of a launch; small_grid (decode): the grid has at most two programs an SM."""
     tile_n = 64 if head_dim <= 128 else 32
     rows = triton.next_power_of_2(group)
     if max_query_len <= 1:  # decode: one token per sequence, its GQA group fills the rows
-        return _Tiles(max(16, rows), tile_n, 4, 3)
+        keys = decode_tile_keys(head_dim, cache_dtype)
+        if keys == 128 and cache_dtype == FP8:
+            return _Tiles(max(16, rows), keys, 4, 3)
+        if keys == 128:
+            # 8 warps won where the grid leaves SMs half empty (batch 1 at 32k: 45.1 against
+            # 48.2 us with 4; batch 16: 530 against 566), 4 in full grids (batch 64 over 8k:
+            # 504 against 513) (y); FP8 lost with 8 warps everywhere (its bytes go to the
+            # dot's layout through shared memory a byte at a time)
+            return _Tiles(max(16, rows), keys, 8 if small_grid else 4, 2)
+        return _Tiles(max(16, rows), keys, 4, 3)
     if head_dim <= 128 and max_query_len <= 512:
         # H200, chunks of 256-512 tokens over 4k-28k prefixes (BENCHMARKS.md 2026-11-30 (l)):
         # 64-row tiles of 4 warps, two a SM, beat 128-row tiles of 8 warps by 12-40 %
@@ -85,20 +115,22 @@ def _pick_tiles(max_query_len: int, group: int, head_dim: int) -> _Tiles:
     return _Tiles(max(block_m, rows), tile_n, 8, 2)
 
 
-def default_num_splits(num_seqs: int, n_kv_heads: int, max_kv_len: int, num_sms: int) -> int:
+def default_num_splits(
+    num_seqs: int, n_kv_heads: int, max_kv_len: int, num_sms: int, tile_keys: int = 64
+) -> int:
     """Split-K factor for a decode-only batch.
 
     Without splitting a decode batch runs num_seqs * n_kv_heads programs; fewer than two per SM
     leaves the GPU idle while each program walks a long context alone. Split until there are about
     2 * num_sms programs, keeping at least _SPLIT_MIN_KEYS keys per slice, at most _MAX_SPLITS.
     Batches of fewer than num_sms / 2 programs (batch 1-8 of a GQA model) split down to one key
-    tile a slice, by a power of two at or under 2 * num_sms programs (the H200's best: 32 at
-    batch 1, 16 at 2, 8 at 4, 4 at 8).
+    tile (tile_keys: decode_tile_keys) a slice, by a power of two at or under 2 * num_sms
+    programs (the H200's best: 32 at batch 1, 16 at 2, 8 at 4, 4 at 8).
     """
     programs = max(1, num_seqs * n_kv_heads)
     if 2 * programs <= num_sms:
         by_occupancy = 1 << ((2 * num_sms // programs).bit_length() - 1)
-        by_length = max_kv_len // _SPLIT_MIN_KEYS_SMALL
+        by_length = max_kv_len // tile_keys
     else:
         by_occupancy = -(-2 * num_sms // programs)
         by_length = max_kv_len // _SPLIT_MIN_KEYS
@@ -299,7 +331,7 @@ def paged_attention(
         return out if int8_layout is None else (out, {})
 
     group = n_heads // n_kv_heads
-    tiles = _pick_tiles(max_query_len, group, head_dim)
+    sms = _num_sms(q.device)
     if num_splits == 0:
         num_splits = 1
         if max_query_len == 1:
@@ -308,7 +340,10 @@ def paged_attention(
             )
             if sliding_window:
                 max_kv_len = min(max_kv_len, sliding_window)
-            num_splits = default_num_splits(num_seqs, n_kv_heads, max_kv_len, _num_sms(q.device))
+            tile_keys = decode_tile_keys(head_dim, k_cache.dtype)
+            num_splits = default_num_splits(num_seqs, n_kv_heads, max_kv_len, sms, tile_keys)
+    small_grid = num_seqs * n_kv_heads * num_splits <= 2 * sms
+    tiles = _pick_tiles(max_query_len, group, head_dim, k_cache.dtype, small_grid)
 
     kv_fp8 = k_cache.dtype == FP8
     fp8_from_bytes = kv_fp8 and not _native_fp8(q.device)

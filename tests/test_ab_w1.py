@@ -24,7 +24,10 @@ def _state() -> tuple:
         pa._rounds_heads(128, 32),
         linear.rounds_gated(14336, 32, 8),
         WeightLoader.split_linear,
-        (pa.decode_tile_keys(128, torch.bfloat16), graphs.decode_tile_keys(128, torch.bfloat16)),
+        (
+            pa.decode_tile_keys(128, torch.bfloat16, 1 << 15),
+            graphs.decode_tile_keys(128, torch.bfloat16, 1 << 15),
+        ),
     )
 
 

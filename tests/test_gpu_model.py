@@ -148,18 +148,18 @@ def test_cuda_graph_decode_split_count_follows_the_context(
     are eager's (test_cuda_graph_decode_matches_eager)."""
     import shared.engine.cuda_graphs as cg
 
-    seen: list[tuple[list[int], int, int]] = []
-    real = cg.pick_split_count
+    seen: list[tuple[list, int, object]] = []
+    real = cg.pick_decode_graph
 
-    def spy(counts: list[int], want: int) -> int:
-        seen.append((list(counts), want, real(counts, want)))
+    def spy(graphs: list, want: int, tile_keys: int):
+        seen.append((list(graphs), want, real(graphs, want, tile_keys)))
         return seen[-1][2]
 
-    monkeypatch.setattr(cg, "pick_split_count", spy)
+    monkeypatch.setattr(cg, "pick_decode_graph", spy)
     _, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=512)
     assert len(seen) == replays["decode"] > 5
-    assert all(want <= 2 and got == counts[0] for counts, want, got in seen)
-    assert any(len(counts) > 1 for counts, _, _ in seen)
+    assert all(want <= 2 and got == graphs[0] for graphs, want, got in seen)
+    assert any(len(graphs) > 1 for graphs, _, _ in seen)
 
 
 def test_cuda_graph_mixed_steps_match_eager(cuda: str, synthetic_dir: Path) -> None:

@@ -63,18 +63,31 @@ def test_default_num_splits() -> None:
     assert pa.default_num_splits(1, 8, 32768, 132, tile_keys=128) == 32
 
 
-def test_decode_tiles_follow_the_cache_dtype_and_grid() -> None:
-    bf16, fp8 = torch.bfloat16, pa.FP8
-    assert pa.decode_tile_keys(128, bf16) == pa.decode_tile_keys(64, fp8) == 128
-    assert pa.decode_tile_keys(128, torch.float32) == 64  # shared memory: smaller tiles
-    assert pa.decode_tile_keys(256, bf16) == 32
+def test_decode_tiles_follow_the_context_cache_dtype_and_grid() -> None:
+    bf16, fp8, long = torch.bfloat16, pa.FP8, pa.LONG_DECODE_KEYS
+    assert pa.decode_tile_keys(128, bf16, long) == pa.decode_tile_keys(64, fp8, long) == 128
+    assert pa.decode_tile_keys(128, bf16, long - 1) == 64  # short contexts: W1 lost with 128
+    assert pa.decode_tile_keys(128, torch.float32, long) == 64  # shared memory: smaller tiles
+    assert pa.decode_tile_keys(256, bf16, long) == 32
     shape = lambda t: (t.block_m, t.tile_n, t.num_warps, t.num_stages)  # noqa: E731
-    assert shape(pa._pick_tiles(1, 4, 128, bf16, small_grid=True)) == (16, 128, 8, 2)
-    assert shape(pa._pick_tiles(1, 4, 128, bf16, small_grid=False)) == (16, 128, 4, 2)
-    assert shape(pa._pick_tiles(1, 4, 128, fp8, small_grid=True)) == (16, 128, 4, 3)
-    assert shape(pa._pick_tiles(1, 4, 128, torch.float32)) == (16, 64, 4, 3)
-    assert shape(pa._pick_tiles(1, 32, 256, bf16)) == (32, 32, 4, 3)
+    assert shape(pa._pick_tiles(1, 4, 128, bf16, True, long)) == (16, 128, 8, 2)
+    assert shape(pa._pick_tiles(1, 4, 128, bf16, False, long)) == (16, 128, 4, 2)
+    assert shape(pa._pick_tiles(1, 4, 128, fp8, True, long)) == (16, 128, 4, 3)
+    assert shape(pa._pick_tiles(1, 4, 128, bf16, True, 1024)) == (16, 64, 4, 3)
+    assert shape(pa._pick_tiles(1, 4, 128, torch.float32, True, long)) == (16, 64, 4, 3)
+    assert shape(pa._pick_tiles(1, 32, 256, bf16, True, long)) == (32, 32, 4, 3)
     assert pa._pick_tiles(64, 4, 128, fp8) == pa._pick_tiles(64, 4, 128)  # prefill: no change
+
+
+def test_decode_tile_follows_the_context_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launch takes 128-key tiles only for a long max_seq_len hint (a graph's context)."""
+    seen = record_results(monkeypatch, pa, "_pick_tiles")
+    f16 = torch.float16
+    decode = make_batch([1, 1], [200, 33], n_heads=4, n_kv_heads=1, head_dim=64, dtype=f16)
+    for hint in (1024, pa.LONG_DECODE_KEYS):
+        out = run_kernel(decode, 0.125, max_seq_len=hint, num_splits=2)
+        assert_close(out, reference(decode, 0.125), TOL[f16])
+    assert [t.tile_n for t in seen] == [64, 128]
 
 
 @pytest.mark.usefixtures("small_tiles")

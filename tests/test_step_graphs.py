@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from shared.engine.cuda_graphs import (
+    DecodeGraph,
     StepGraphs,
-    decode_split_counts,
+    decode_graphs,
     mixed_buckets,
-    pick_split_count,
+    pick_decode_graph,
 )
 from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
@@ -25,18 +26,33 @@ def test_mixed_buckets_reach_the_token_budget() -> None:
 
 
 def test_decode_buckets_are_captured_at_the_split_counts_of_short_contexts() -> None:
-    """Llama-3-8B's 8 KV heads on 132 SMs: batch 1 at 512 / 1024 / 32k keys wants 8 / 16 / 32
-    slices, batch 2 wants 8 / 16 / 16, batch 4 always 8."""
-    assert decode_split_counts(1, 8, 32768, 132) == [8, 16, 32]
-    assert decode_split_counts(2, 8, 32768, 132) == [8, 16]
-    assert decode_split_counts(4, 8, 32768, 132) == [8]
-    assert decode_split_counts(64, 8, 32768, 132) == [1]
-    assert decode_split_counts(1, 8, 256, 132) == [4]  # no context above max_model_len
-    counts = [8, 16, 32]
-    assert [pick_split_count(counts, n) for n in (1, 8, 9, 16, 17, 32, 40)] == [
-        8, 8, 16, 16, 32, 32, 32,
+    """Llama-3-8B's 8 KV heads on 132 SMs, bf16 cache: batch 1 at 512 / 1024 / 4096 keys wants
+    8 / 16 / 32 slices of 64-key tiles, and at 32k 32 slices of 128-key tiles (a graph of its
+    own); batch 2 wants 8 / 16 / 16 and 16 of 128 keys; batch 64 one slice of either tile."""
+
+    def slices(b: int, max_model_len: int, dtype=torch.bfloat16) -> list[tuple[int, int]]:
+        return [
+            (g.splits, g.tile_keys) for g in decode_graphs(b, 8, max_model_len, 132, 128, dtype)
+        ]
+
+    assert slices(1, 32768) == [(8, 64), (16, 64), (32, 64), (32, 128)]
+    assert slices(2, 32768) == [(8, 64), (16, 64), (16, 128)]
+    assert slices(4, 32768) == [(8, 64), (8, 128)]
+    assert slices(64, 32768) == [(1, 64), (1, 128)]
+    assert slices(1, 4096) == [(8, 64), (16, 64), (32, 64)]  # no long context: one tile
+    assert slices(1, 256) == [(4, 64)]  # no context above max_model_len
+    assert slices(1, 32768, torch.float32) == [(8, 64), (16, 64), (32, 64)]
+    # a graph is captured at the shortest context of its (slices, tile)
+    assert [g.context for g in decode_graphs(1, 8, 32768, 132)] == [512, 1024, 4096, 32768]
+    graphs = [DecodeGraph(n, 64, 0) for n in (8, 16, 32)] + [DecodeGraph(32, 128, 0)]
+    picks = [pick_decode_graph(graphs, n, 64) for n in (1, 8, 9, 16, 17, 32, 40)]
+    assert [(g.splits, g.tile_keys) for g in picks] == [
+        (8, 64), (8, 64), (16, 64), (16, 64), (32, 64), (32, 64), (32, 64),
     ]  # fmt: skip
-    assert pick_split_count([1], 2) == 1
+    assert pick_decode_graph(graphs, 32, 128) == graphs[3]
+    assert pick_decode_graph(graphs, 9, 128) == graphs[3]  # the only graph of that tile
+    assert pick_decode_graph(graphs[:3], 32, 128) == graphs[2]  # no graph of it: any tile
+    assert pick_decode_graph([DecodeGraph(1, 64, 0)], 2, 64).splits == 1
 
 
 def _graphs(max_batch_tokens: int) -> StepGraphs:

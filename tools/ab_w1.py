@@ -12,8 +12,7 @@ Variants (``VARIANTS``, what each switches off): ``default``; ``norm-off`` (no i
 in the RMSNorm, ``SKIFF_NORM_ROUNDING=0``); ``norm-whole`` (the rounding norm in one program a row);
 ``combine-off`` (the attention's combine pass rounds nothing); ``gated-off`` (the gated GEMV
 rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each);
-``attn-64`` (decode attention in 64-key tiles of 4 warps, the split rule counting 64-key tiles,
-as before (y)).
+``attn-64`` (decode attention in 64-key tiles of 4 warps at every context, as before (y)).
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def _unfused_split_linear(self, names, outs, in_features):
     return SplitLinear(parts, outs)
 
 
-def _tile_keys_64(head_dim: int, cache_dtype) -> int:
+def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int) -> int:
     return 64 if head_dim <= 128 else 32
 
 

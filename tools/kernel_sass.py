@@ -223,15 +223,17 @@ def _compile_only(arch: int, module: object, **patches: object):
             setattr(module, name, value)
 
 
-def compile_attention(kv: str, query_len: int, arch: int = 90, device_splits: bool = False):
+def compile_attention(
+    kv: str, query_len: int, arch: int = 90, device_splits: bool = False, b: int = 16
+):
     """The paged-attention kernel as ``paged_attention`` launches it for a Llama-3-8B-like batch
-    (16 sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache;
+    (b sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache;
     device_splits: split-K with the count read on the device (mixed-step CUDA graphs)."""
     import shared.kernels.paged_attention as pa
 
     fp8, sms = (lambda device: True), (lambda device: 132)
     with _compile_only(arch, pa, _native_fp8=fp8, _num_sms=sms) as compiled:
-        b, ctx, bs, n_kv, hd = 16, 32768, 16, 8, 128
+        ctx, bs, n_kv, hd = 32768, 16, 8, 128
         blocks = b * ctx // bs
         kv_dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
         k = torch.empty(blocks, bs, n_kv, hd, dtype=kv_dtype)
@@ -328,10 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         print("kernel_sass: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
         return 2
     for kv in ("bf16", "fp8"):
-        for query_len, device_splits in ((1, False), (64, False), (64, True)):  # decode, prefill
-            what = f"attention {kv} KV, {query_len} queries a sequence"
+        # decode at batch 16 and 1 (a grid of at most two programs an SM: other tiles), prefill
+        for query_len, device_splits, b in ((1, False, 16), (1, False, 1), (64, False, 16),
+                                            (64, True, 16)):  # fmt: skip
+            what = f"attention {kv} KV, {b} x {query_len} queries"
             what += ", split count on the device" if device_splits else ""
-            build = functools.partial(compile_attention, kv, query_len, args.arch, device_splits)
+            build = functools.partial(compile_attention, kv, query_len, args.arch, device_splits, b)
             if not _report(what, build, args.check, args.arch, loop_stats):
                 return 1
     for layouts in ((), ((32, 8),), ((16, 8), (32, 8)), ((32, 4),)):

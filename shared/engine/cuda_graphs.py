@@ -19,6 +19,8 @@ replay, on the device, before the next step's replay is queued on the same strea
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from shared.kernels.device import num_sms
@@ -39,28 +41,50 @@ MIXED_BUCKETS = (64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 1024,
 GRAPH_MODES = ("all", "decode", "off")  # which steps replay graphs (--cuda-graphs)
 
 
-# Decode graphs bake attention's split-K count in at capture (default_num_splits). At the
-# longest context alone, short ones are cut too finely: empty slices cost (H200, batch 1 over
-# 512 keys: 7.5 us with 8 slices, 9.5 with 16, BENCHMARKS.md 2026-11-30 (w)); reading the
-# count on the device instead cost W1 2.8 % (w). So a bucket is also captured at the counts
-# of these contexts where they differ, and a step replays the fewest slices that still give
-# each at most its rule's share: replaying 8 for 9-10 key tiles (two tiles a slice) cost W1
-# Q8_0 3.3 % against 16 (w).
-DECODE_SPLIT_CONTEXTS = (512, 1024)
+# Decode graphs bake attention's split-K count and key tile in at capture (default_num_splits,
+# decode_tile_keys). At the longest context alone, short ones are cut too finely: empty slices
+# cost (H200, batch 1 over 512 keys: 7.5 us with 8 slices, 9.5 with 16, BENCHMARKS.md
+# 2026-11-30 (w)); reading the count on the device instead cost W1 2.8 % (w). So a bucket is
+# also captured at these contexts where their count or tile differs, and a step replays, among
+# the graphs of its own context's tile, the fewest slices that still give each at most its
+# rule's share: replaying 8 for 9-10 key tiles (two tiles a slice) cost W1 Q8_0 3.3 % against
+# 16 (w). 4,096 keeps 2k-8k contexts at the 64-key tile's 32 slices at batch 1 when the
+# longest context takes 128-key tiles (y).
+DECODE_SPLIT_CONTEXTS = (512, 1024, 4096)
 
 
-def decode_split_counts(
-    b: int, n_kv_heads: int, max_model_len: int, sms: int, tile_keys: int = 64
-) -> list[int]:
-    """The attention slice counts decode bucket b is captured at (ascending); tile_keys: the
-    decode tile's keys (paged_attention.decode_tile_keys)."""
+class DecodeGraph(NamedTuple):
+    """A decode bucket's graph: its attention slices and key tile, and the context it was
+    captured at (the longest its tile is chosen for; the batch's max_seq_len)."""
+
+    splits: int
+    tile_keys: int
+    context: int
+
+
+def decode_graphs(
+    b: int,
+    n_kv_heads: int,
+    max_model_len: int,
+    sms: int,
+    head_dim: int = 128,
+    cache_dtype: torch.dtype = torch.bfloat16,
+) -> list[DecodeGraph]:
+    """The graphs decode bucket b is captured as (ascending), one a distinct (slices, tile)."""
     contexts = [n for n in DECODE_SPLIT_CONTEXTS if n < max_model_len] + [max_model_len]
-    return sorted({default_num_splits(b, n_kv_heads, n, sms, tile_keys) for n in contexts})
+    out: dict[tuple[int, int], DecodeGraph] = {}
+    for n in contexts:
+        keys = decode_tile_keys(head_dim, cache_dtype, n)
+        splits = default_num_splits(b, n_kv_heads, n, sms, keys)
+        out.setdefault((splits, keys), DecodeGraph(splits, keys, n))
+    return sorted(out.values())
 
 
-def pick_split_count(counts: list[int], want: int) -> int:
-    """The smallest of a bucket's counts (ascending) not below want, else its largest."""
-    return min((n for n in counts if n >= want), default=counts[-1])
+def pick_decode_graph(graphs: list[DecodeGraph], want: int, tile_keys: int) -> DecodeGraph:
+    """Among a bucket's graphs of tile tile_keys (all of them if none has it), the fewest
+    slices not below want, else the most."""
+    same = [g for g in graphs if g.tile_keys == tile_keys] or graphs
+    return min((g for g in same if g.splits >= want), default=same[-1])
 
 
 def mixed_buckets(max_batch_tokens: int) -> list[int]:
@@ -104,12 +128,11 @@ class StepGraphs:
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
         self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
         self.sms = num_sms(dev)  # for the attention split rules, asked every step
-        self.tile_keys = decode_tile_keys(kv.k[0].shape[-1], kv.k[0].dtype)  # the same
-        # decode buckets' attention slices, one graph each (decode_split_counts; capture)
-        self.decode_splits: dict[int, list[int]] = {}
-        # by (kind, bucket, attention slices: 0 for mixed steps, whose count is set on the device)
-        self.graphs: dict[tuple[str, int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[str, int, int], torch.Tensor] = {}
+        # decode buckets' attention slices and tiles, one graph each (decode_graphs; capture)
+        self.decode_graphs: dict[int, list[DecodeGraph]] = {}
+        # by (kind, bucket, DecodeGraph; None for mixed steps, whose count is set on the device)
+        self.graphs: dict[tuple[str, int, DecodeGraph | None], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[str, int, DecodeGraph | None], torch.Tensor] = {}
         self.pool = None
         self.logits: torch.Tensor | None = None  # every graph's logits (capture)
         self.replays = {"decode": 0, "mixed": 0}  # steps replayed, by kind
@@ -119,9 +142,9 @@ class StepGraphs:
         """Logits rows of a graph: one a sequence (decode), at most max_seqs (mixed)."""
         return b if kind == "decode" else min(b, self.max_seqs)
 
-    def _batch(self, kind: str, b: int, splits: int = 0) -> ForwardBatch:
-        """The static batch of a graph: decode bucket b with attention in `splits` slices, or
-        mixed bucket b (tokens)."""
+    def _batch(self, kind: str, b: int, dg: DecodeGraph | None = None) -> ForwardBatch:
+        """The static batch of a graph: decode bucket b with attention as dg says (slices, and
+        the context that picks the key tile), or mixed bucket b (tokens)."""
         seqs = b if kind == "decode" else self.max_seqs
         rows = (self.rows if kind == "decode" else self.mixed_rows)[: self._rows(kind, b)]
         return ForwardBatch(
@@ -135,8 +158,8 @@ class StepGraphs:
             query_start_loc_t=self.query_start_loc[: seqs + 1],
             seq_lens_t=self.seq_lens[:seqs],
             max_query_len=1 if kind == "decode" else b,  # b > 1: prefill tiles
-            max_seq_len=self.max_model_len,
-            attn_splits=splits,
+            max_seq_len=dg.context if dg else self.max_model_len,
+            attn_splits=dg.splits if dg else 0,
             attn_splits_t=None if kind == "decode" else self.attn_splits,
             max_attn_splits=chunk_split_limit(b),
         )
@@ -149,18 +172,18 @@ class StepGraphs:
         self.query_start_loc.zero_()
         self.seq_lens.zero_()
         self.slot_mapping.fill_(-1)
-        heads = self.model.cfg.n_kv_heads
-        self.decode_splits = {
-            b: decode_split_counts(b, heads, self.max_model_len, self.sms, self.tile_keys)
+        cfg, cache = self.model.cfg, self.kv.k[0].dtype
+        self.decode_graphs = {
+            b: decode_graphs(b, cfg.n_kv_heads, self.max_model_len, self.sms, cfg.head_dim, cache)
             for b in self.buckets
         }
-        keys = [("mixed", b, 0) for b in reversed(self.mixed)]
-        keys += [("decode", b, n) for b in reversed(self.buckets) for n in self.decode_splits[b]]
+        keys = [("mixed", b, None) for b in reversed(self.mixed)]
+        keys += [("decode", b, g) for b in reversed(self.buckets) for g in self.decode_graphs[b]]
         rows = max(self._rows(kind, b) for kind, b, _ in keys)
         vocab = self.model.cfg.vocab_size
         self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=self.device)
         for key in keys:
-            batch = self._batch(*key)  # (kind, bucket, slices)
+            batch = self._batch(*key)  # (kind, bucket, DecodeGraph or None)
             self.model(batch, self.kv)  # compiles the kernels outside the capture
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
@@ -230,15 +253,14 @@ class StepGraphs:
         self.query_start_loc[seqs + 1 : s_pad + 1].fill_(n)
         self.seq_lens[:seqs].copy_(batch.seq_lens_t, non_blocking=True)
         self.seq_lens[seqs:s_pad].zero_()
-        graph = (kind, b, 0)
+        graph = (kind, b, None)
         if kind == "mixed":
             self.attn_splits.fill_(self._chunk_splits(batch, b))
         else:
             cfg = self.model.cfg
-            want = default_num_splits(
-                seqs, cfg.n_kv_heads, batch.max_seq_len, self.sms, self.tile_keys
-            )
-            graph = (kind, b, pick_split_count(self.decode_splits[b], want))
+            keys = decode_tile_keys(cfg.head_dim, self.kv.k[0].dtype, batch.max_seq_len)
+            want = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, self.sms, keys)
+            graph = (kind, b, pick_decode_graph(self.decode_graphs[b], want, keys))
         self.graphs[graph].replay()
         self.replays[kind] += 1
         self.last_key = key

@@ -44,6 +44,8 @@ _SPLIT_MIN_KEYS = 2048  # H200: shorter slices lost to the combine pass (B=16, 1
 # at most this many (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (w): batch 1 over 32k keys
 # took 101 us with 16 slices and 59 with 32, bf16 and FP8 alike; 2k and 8k gained 24-37 %)
 _MAX_SPLITS = 32
+# decode over contexts of at least this many keys reads them in 128-key tiles (decode_tile_keys)
+LONG_DECODE_KEYS = 8192
 # Steps with prompt chunks: a chunk of a few hundred tokens over a long prefix runs fewer long
 # programs than the GPU has SMs (384 tokens at GQA 4: 12 query tiles x 8 KV heads = 96 programs
 # for 132 SMs, each walking the whole prefix). Such steps split too, when the prefix is long.
@@ -55,6 +57,7 @@ _CHUNK_SPLIT_ROWS = 4096  # slices x tokens at most: the float32 workspace of on
 
 __all__ = [
     "CHUNK_SPLIT_MIN_CONTEXT",
+    "LONG_DECODE_KEYS",
     "_fp8_e4m3_from_bytes",
     "chunk_num_splits",
     "chunk_split_limit",
@@ -73,15 +76,19 @@ class _Tiles:
     per_sm: int = 1  # programs an SM holds at once (registers, shared memory): split-K's slots
 
 
-def decode_tile_keys(head_dim: int, cache_dtype: torch.dtype) -> int:
-    """Keys a decode program's tile holds. H200, batch 1-64 over 2k-32k keys, graph-replayed
-    (BENCHMARKS.md 2026-11-30 (y)): 128-key tiles beat 64-key ones for 16-bit and FP8 caches
-    (batch 1 over 32k keys: bf16 59.4 -> 45.1 us, FP8 58.8 -> 43.9; batch 16: 791 -> 530 and
-    762 -> 559; batch 64 FP8 2,588 -> 1,738, bf16 unchanged). A program's loop is a chain of
-    dependent steps (dot, row max across warps, exp, dot), so its time goes by iterations more
-    than by bytes; twice the keys an iteration halves them. float32 caches and heads over 128
-    keep the smaller tiles (shared memory)."""
-    if head_dim <= 128 and cache_dtype.itemsize <= 2:
+def decode_tile_keys(head_dim: int, cache_dtype: torch.dtype, max_kv_len: int) -> int:
+    """Keys a decode program's tile holds, for contexts of up to max_kv_len keys.
+
+    H200 (BENCHMARKS.md 2026-11-30 (y)): graph-replayed alone, 128-key tiles beat 64-key ones
+    for 16-bit and FP8 caches from 2k keys on (batch 1 over 32k: bf16 59.4 -> 45.1 us, FP8
+    58.8 -> 43.9; batch 16: 791 -> 530, 762 -> 559; batch 64 FP8: 2,588 -> 1,738, bf16 even).
+    A program's loop is a chain of dependent steps (dot, row max across warps, exp, dot), so
+    its time goes by iterations more than by bytes. In the engine they gave W6 (32k) +12.5 %
+    (bf16) and +13.7 % (FP8), but cost W1 (512-640 keys) 5 %, which the kernel alone did not
+    show. So contexts from LONG_DECODE_KEYS on take them (the crossover between 640 and 32k
+    keys was not measured in the engine). float32 caches and heads over 128 keep the smaller
+    tiles (shared memory)."""
+    if head_dim <= 128 and cache_dtype.itemsize <= 2 and max_kv_len >= LONG_DECODE_KEYS:
         return 128
     return 64 if head_dim <= 128 else 32
 
@@ -92,12 +99,14 @@ def _pick_tiles(
     head_dim: int,
     cache_dtype: torch.dtype = torch.bfloat16,
     small_grid: bool = False,
+    max_kv_len: int = 0,
 ) -> _Tiles:
-    """Tiles of a launch; small_grid (decode): the grid has at most two programs an SM."""
+    """Tiles of a launch. Decode (max_query_len 1): small_grid, the grid has at most two
+    programs an SM; max_kv_len, the longest context (decode_tile_keys)."""
     tile_n = 64 if head_dim <= 128 else 32
     rows = triton.next_power_of_2(group)
     if max_query_len <= 1:  # decode: one token per sequence, its GQA group fills the rows
-        keys = decode_tile_keys(head_dim, cache_dtype)
+        keys = decode_tile_keys(head_dim, cache_dtype, max_kv_len)
         if keys == 128 and cache_dtype == FP8:
             return _Tiles(max(16, rows), keys, 4, 3)
         if keys == 128:
@@ -293,7 +302,8 @@ def paged_attention(
 
     max_query_len (the longest query run of a sequence) picks the tile shapes; 1 means a decode
     batch. num_splits > 1 forces split-K; 0 lets `default_num_splits` decide for decode batches,
-    using max_seq_len (default: the block table's capacity) as the longest context. With
+    using max_seq_len (default: the block table's capacity) as the longest context, which also
+    picks a decode batch's key tile (decode_tile_keys). With
     num_splits_t, num_splits (> 1) only sizes the launch and the workspace: the kernels read the
     count to use (1 to num_splits, not checked: a host sync) from the device, so a CUDA graph
     can change it between replays. An FP8 cache (float8_e4m3fn, value = fp8 * scale) needs
@@ -332,18 +342,16 @@ def paged_attention(
 
     group = n_heads // n_kv_heads
     sms = _num_sms(q.device)
+    max_kv_len = max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
+    if sliding_window:
+        max_kv_len = min(max_kv_len, sliding_window)
     if num_splits == 0:
         num_splits = 1
         if max_query_len == 1:
-            max_kv_len = (
-                max_seq_len if max_seq_len is not None else block_tables.shape[1] * block_size
-            )
-            if sliding_window:
-                max_kv_len = min(max_kv_len, sliding_window)
-            tile_keys = decode_tile_keys(head_dim, k_cache.dtype)
+            tile_keys = decode_tile_keys(head_dim, k_cache.dtype, max_kv_len)
             num_splits = default_num_splits(num_seqs, n_kv_heads, max_kv_len, sms, tile_keys)
     small_grid = num_seqs * n_kv_heads * num_splits <= 2 * sms
-    tiles = _pick_tiles(max_query_len, group, head_dim, k_cache.dtype, small_grid)
+    tiles = _pick_tiles(max_query_len, group, head_dim, k_cache.dtype, small_grid, max_kv_len)
 
     kv_fp8 = k_cache.dtype == FP8
     fp8_from_bytes = kv_fp8 and not _native_fp8(q.device)

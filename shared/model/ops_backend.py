@@ -182,7 +182,7 @@ class TritonOps(TorchOps):
         self, q: torch.Tensor, n_kv_heads: int, batch: ForwardBatch, sliding_window: int
     ) -> dict:
         """Split-K arguments. Decode steps: a CUDA graph's own count (cuda_graphs'
-        decode_split_counts), else the kernel's rule at the batch's longest context; so do
+        decode_graphs), else the kernel's rule at the batch's longest context; so do
         windowed layers, whose window bounds the keys. Steps with prompt chunks: a CUDA
         graph's device-held count, or one from the batch's lengths."""
         if batch.max_query_len <= 1:

@@ -62,7 +62,7 @@ def _unfused_split_linear(self, names, outs, in_features):
     return SplitLinear(parts, outs)
 
 
-def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int) -> int:
+def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int, device=None) -> int:
     return 64 if head_dim <= 128 else 32
 
 

@@ -69,12 +69,13 @@ def decode_graphs(
     sms: int,
     head_dim: int = 128,
     cache_dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | None = None,
 ) -> list[DecodeGraph]:
     """The graphs decode bucket b is captured as (ascending), one a distinct (slices, tile)."""
     contexts = [n for n in DECODE_SPLIT_CONTEXTS if n < max_model_len] + [max_model_len]
     out: dict[tuple[int, int], DecodeGraph] = {}
     for n in contexts:
-        keys = decode_tile_keys(head_dim, cache_dtype, n)
+        keys = decode_tile_keys(head_dim, cache_dtype, n, device)
         splits = default_num_splits(b, n_kv_heads, n, sms, keys)
         out.setdefault((splits, keys), DecodeGraph(splits, keys, n))
     return sorted(out.values())
@@ -174,7 +175,9 @@ class StepGraphs:
         self.slot_mapping.fill_(-1)
         cfg, cache = self.model.cfg, self.kv.k[0].dtype
         self.decode_graphs = {
-            b: decode_graphs(b, cfg.n_kv_heads, self.max_model_len, self.sms, cfg.head_dim, cache)
+            b: decode_graphs(
+                b, cfg.n_kv_heads, self.max_model_len, self.sms, cfg.head_dim, cache, self.device
+            )
             for b in self.buckets
         }
         keys = [("mixed", b, None) for b in reversed(self.mixed)]
@@ -258,7 +261,8 @@ class StepGraphs:
             self.attn_splits.fill_(self._chunk_splits(batch, b))
         else:
             cfg = self.model.cfg
-            keys = decode_tile_keys(cfg.head_dim, self.kv.k[0].dtype, batch.max_seq_len)
+            cache = self.kv.k[0].dtype
+            keys = decode_tile_keys(cfg.head_dim, cache, batch.max_seq_len, self.device)
             want = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, self.sms, keys)
             graph = (kind, b, pick_decode_graph(self.decode_graphs[b], want, keys))
         self.graphs[graph].replay()

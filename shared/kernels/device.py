@@ -1,9 +1,10 @@
-"""Facts about where a kernel runs that the launch wrappers need: the interpreter or a GPU, and
-how many SMs there are to fill."""
+"""Facts about where a kernel runs that the launch wrappers need: the interpreter or a GPU, how
+many SMs there are to fill, and how much shared memory a program may take."""
 
 from __future__ import annotations
 
 import torch
+import triton
 from triton.runtime.interpreter import InterpretedFunction
 
 
@@ -16,3 +17,12 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def max_shared_memory(device: torch.device | None) -> int:
+    """Bytes of shared memory one program may take on device (opt-in maximum, as Triton checks
+    it); no limit off CUDA (the interpreter, the CPU) or without a device."""
+    if device is None or device.type != "cuda":
+        return 1 << 30
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from shared.kernels.device import interpreted
+from shared.kernels.device import interpreted, max_shared_memory
 from shared.kernels.device import num_sms as _num_sms  # a module name the tests can patch
 from shared.kernels.gdc import launch_kw, pdl
 from shared.kernels.paged_attention_jit import (
@@ -44,8 +44,11 @@ _SPLIT_MIN_KEYS = 2048  # H200: shorter slices lost to the combine pass (B=16, 1
 # at most this many (H200, graph-replayed, BENCHMARKS.md 2026-11-30 (w): batch 1 over 32k keys
 # took 101 us with 16 slices and 59 with 32, bf16 and FP8 alike; 2k and 8k gained 24-37 %)
 _MAX_SPLITS = 32
-# decode over contexts of at least this many keys reads them in 128-key tiles (decode_tile_keys)
+# decode over contexts of at least this many keys reads them in 128-key tiles (decode_tile_keys),
+# on devices that give a program this much shared memory (a 16-bit tile's two stages take 72 KB;
+# sm_75's 64 KB would refuse the launch)
 LONG_DECODE_KEYS = 8192
+_LONG_TILE_SHARED_MEMORY = 96 * 1024
 # Steps with prompt chunks: a chunk of a few hundred tokens over a long prefix runs fewer long
 # programs than the GPU has SMs (384 tokens at GQA 4: 12 query tiles x 8 KV heads = 96 programs
 # for 132 SMs, each walking the whole prefix). Such steps split too, when the prefix is long.
@@ -76,8 +79,10 @@ class _Tiles:
     per_sm: int = 1  # programs an SM holds at once (registers, shared memory): split-K's slots
 
 
-def decode_tile_keys(head_dim: int, cache_dtype: torch.dtype, max_kv_len: int) -> int:
-    """Keys a decode program's tile holds, for contexts of up to max_kv_len keys.
+def decode_tile_keys(
+    head_dim: int, cache_dtype: torch.dtype, max_kv_len: int, device: torch.device | None = None
+) -> int:
+    """Keys a decode program's tile holds, for contexts of up to max_kv_len keys on device.
 
     H200 (BENCHMARKS.md 2026-11-30 (y)): graph-replayed alone, 128-key tiles beat 64-key ones
     for 16-bit and FP8 caches from 2k keys on (batch 1 over 32k: bf16 59.4 -> 45.1 us, FP8
@@ -86,9 +91,14 @@ def decode_tile_keys(head_dim: int, cache_dtype: torch.dtype, max_kv_len: int) -
     its time goes by iterations more than by bytes. In the engine they gave W6 (32k) +12.5 %
     (bf16) and +13.7 % (FP8), but cost W1 (512-640 keys) 5 %, which the kernel alone did not
     show. So contexts from LONG_DECODE_KEYS on take them (the crossover between 640 and 32k
-    keys was not measured in the engine). float32 caches and heads over 128 keep the smaller
-    tiles (shared memory)."""
-    if head_dim <= 128 and cache_dtype.itemsize <= 2 and max_kv_len >= LONG_DECODE_KEYS:
+    keys was not measured in the engine). float32 caches, heads over 128 and devices with less
+    shared memory a program than _LONG_TILE_SHARED_MEMORY keep the smaller tiles."""
+    if (
+        head_dim <= 128
+        and cache_dtype.itemsize <= 2
+        and max_kv_len >= LONG_DECODE_KEYS
+        and max_shared_memory(device) >= _LONG_TILE_SHARED_MEMORY
+    ):
         return 128
     return 64 if head_dim <= 128 else 32
 
@@ -100,13 +110,14 @@ def _pick_tiles(
     cache_dtype: torch.dtype = torch.bfloat16,
     small_grid: bool = False,
     max_kv_len: int = 0,
+    device: torch.device | None = None,
 ) -> _Tiles:
     """Tiles of a launch. Decode (max_query_len 1): small_grid, the grid has at most two
-    programs an SM; max_kv_len, the longest context (decode_tile_keys)."""
+    programs an SM; max_kv_len and device, the longest context and where (decode_tile_keys)."""
     tile_n = 64 if head_dim <= 128 else 32
     rows = triton.next_power_of_2(group)
     if max_query_len <= 1:  # decode: one token per sequence, its GQA group fills the rows
-        keys = decode_tile_keys(head_dim, cache_dtype, max_kv_len)
+        keys = decode_tile_keys(head_dim, cache_dtype, max_kv_len, device)
         if keys == 128 and cache_dtype == FP8:
             return _Tiles(max(16, rows), keys, 4, 3)
         if keys == 128:
@@ -348,10 +359,12 @@ def paged_attention(
     if num_splits == 0:
         num_splits = 1
         if max_query_len == 1:
-            tile_keys = decode_tile_keys(head_dim, k_cache.dtype, max_kv_len)
+            tile_keys = decode_tile_keys(head_dim, k_cache.dtype, max_kv_len, q.device)
             num_splits = default_num_splits(num_seqs, n_kv_heads, max_kv_len, sms, tile_keys)
     small_grid = num_seqs * n_kv_heads * num_splits <= 2 * sms
-    tiles = _pick_tiles(max_query_len, group, head_dim, k_cache.dtype, small_grid, max_kv_len)
+    tiles = _pick_tiles(
+        max_query_len, group, head_dim, k_cache.dtype, small_grid, max_kv_len, q.device
+    )
 
     kv_fp8 = k_cache.dtype == FP8
     fp8_from_bytes = kv_fp8 and not _native_fp8(q.device)

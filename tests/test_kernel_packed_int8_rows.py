@@ -93,20 +93,6 @@ def test_random_activations_match_the_int8_gemv(qtype: T, qx: int) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
-def test_pipelined_loop_gives_the_same_result(qtype: T) -> None:
-    """STAGES: the chunk loop pipelined by Triton, the activations loaded once a program and
-    broadcast to its rows; the product of the loop without (under the interpreter the
-    broadcast loads run, the pipelining is the compiler's)."""
-    n, k = 40, 4096  # 16 chunks of 256 (32 of 128): several iterations a program
-    iw = interleave(_weight(qtype, n, k, seed=9))
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    want = packed_matmul(x, iw, torch.float32, config=_cfg(1, 2))
-    for stages in (2, 3):
-        got = packed_matmul(x, iw, torch.float32, config=_cfg(1, 2, STAGES=stages))
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6 * want.abs().max().item())
-
-
 @pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
 def test_gated_epilogue(act: int) -> None:
     n, k = 38, 512

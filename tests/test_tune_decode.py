@@ -45,11 +45,6 @@ def test_coordinate_search_keeps_only_clear_wins() -> None:
 
 def test_rows_trials_sweep_the_split_then_the_tiles() -> None:
     trials = rows_trials(4)
-    piped = [t for t in trials if t.get("STAGES")]
-    assert sorted((t["STAGES"], t["SPLIT_K"]) for t in piped) == [
-        (2, 1), (2, 2), (2, 4), (3, 1), (3, 2), (3, 4)
-    ]  # fmt: skip
-    trials = [t for t in trials if t not in piped]
     default_tile = [t for t in trials if (t["num_warps"], t["PREFETCH"], t["QX"]) == (4, 0, 0)]
     assert sorted(t["SPLIT_K"] for t in default_tile) == [s for s in SPLITS if s != 4]
     others = [t for t in trials if t not in default_tile]
@@ -90,16 +85,15 @@ def test_bench_rows_configs_reach_the_rows_gemv() -> None:
     from tools.bench_rows import ROWS_CONFIGS
 
     assert ROWS_CONFIGS and all(c.get("ROWS") for c in ROWS_CONFIGS)
-    assert any(c.get("STAGES") for c in ROWS_CONFIGS)
 
 
 def test_only_keeps_the_named_values() -> None:
-    only = parse_only(["STAGES=2", "STAGES=3", "SPLIT_K=1"])
-    assert only == {"STAGES": {2, 3}, "SPLIT_K": {1}}
+    only = parse_only(["SPLIT_K=1", "SPLIT_K=2", "QX=0"])
+    assert only == {"SPLIT_K": {1, 2}, "QX": {0}}
     kept = [t for t in rows_trials(4) if selected(t, only)]
-    assert sorted((t["STAGES"], t["SPLIT_K"]) for t in kept) == [(2, 1), (3, 1)]
-    assert [t for t in rows_trials(4) if selected(t, parse_only(["STAGES=0"]))] == [
-        t for t in rows_trials(4) if not t.get("STAGES")
-    ]
+    assert sorted(t["SPLIT_K"] for t in kept) == [1, 2] and not any(t["QX"] for t in kept)
+    # a key a candidate lacks counts as 0
+    assert [t for t in rows_trials(4) if selected(t, parse_only(["OUT_W=0"]))] == rows_trials(4)
+    assert not [t for t in rows_trials(4) if selected(t, parse_only(["OUT_W=1"]))]
     with pytest.raises(SystemExit, match="KEY=INTEGER"):
-        parse_only(["STAGES"])
+        parse_only(["SPLIT_K"])

@@ -27,15 +27,12 @@ from tools.bench_packed import SHAPES
 from tools.bench_qgemv import copy_bandwidth, random_weight
 
 DEVICE = "cuda"
-# (num_warps = chunks in flight, PREFETCH, QX) x splits: the tuner's quick list (five compiles)
-# and the 4-warp tile's chunk loop pipelined by Triton (STAGES: weights through shared memory).
+# (num_warps = chunks in flight, PREFETCH, QX) x splits: the tuner's quick list (five compiles).
 # Each carries ROWS: packed_matmul gives a config without it the default tile and split (so
 # from eaef622 to 8e2400c every candidate here timed the default config).
 ROWS_CONFIGS = [
-    *({"num_warps": w, "PREFETCH": p, "QX": qx} for w, p, qx in ROWS_TILES),
-    *({"num_warps": 4, "PREFETCH": 0, "QX": 0, "STAGES": s} for s in (2, 3)),
+    {"ROWS": 1, "INT8": 1, "num_warps": w, "PREFETCH": p, "QX": qx} for w, p, qx in ROWS_TILES
 ]
-ROWS_CONFIGS = [{"ROWS": 1, "INT8": 1, **c} for c in ROWS_CONFIGS]
 SPLITS = (1, 2, 4, 8, 16)
 
 

@@ -1,7 +1,7 @@
 """Batch-1 configs of the rows GEMV timed inside the engine's decode steps, not one GEMV alone.
 
     python -m tools.tune_decode MODEL.gguf [--json winners.json] [--gen 64] [--runs 2]
-        [--only KEY=VALUE ...]   # e.g. --only STAGES=2 STAGES=3: just the pipelined loop
+        [--only KEY=VALUE ...]   # e.g. --only SPLIT_K=1 SPLIT_K=2: just those splits
 
 BENCHMARKS.md (u): the configs that won when one GEMV was timed alone (weight cold in L2,
 graph-replayed: tools/bench_rows.py, the load-time tuner) made W1 25-34 % slower than the rows
@@ -59,8 +59,7 @@ def coordinate_search(
 
 def rows_trials(default_split: int) -> list[dict]:
     """The default tile (4 warps, no prefetch or prologue rounding) at every split, then at the
-    default split the same tile with QX and the other rows tiles, then the tile's pipelined
-    loop (STAGES 2 and 3) at splits 1, 2 and the default."""
+    default split the same tile with QX and the other rows tiles."""
     from shared.kernels.qmatmul.tuning import ROWS_TILES
 
     tile = {"ROWS": 1, "INT8": 1, "num_warps": 4, "PREFETCH": 0, "QX": 0}
@@ -70,16 +69,11 @@ def rows_trials(default_split: int) -> list[dict]:
     for w, p, qx in ((4, 0, 1), *ROWS_TILES):
         if (w, p, qx) != (4, 0, 0):
             out.append({**tile, "num_warps": w, "PREFETCH": p, "QX": qx, "SPLIT_K": default_split})
-    # the chunk loop pipelined (STAGES, shared memory): it needs several iterations a program,
-    # so also at the low splits
-    for stages in (2, 3):
-        for s in sorted({1, 2, default_split}):
-            out.append({**tile, "STAGES": stages, "SPLIT_K": s})
     return out
 
 
 def parse_only(items: list[str]) -> dict[str, set[int]]:
-    """``["STAGES=2", "STAGES=3", "SPLIT_K=1"]`` -> {"STAGES": {2, 3}, "SPLIT_K": {1}}."""
+    """``["SPLIT_K=1", "SPLIT_K=2", "QX=0"]`` -> {"SPLIT_K": {1, 2}, "QX": {0}}."""
     out: dict[str, set[int]] = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -165,16 +165,13 @@ def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, 
 
 @triton.jit
 def _x_words(xq_ptr, cb, c1, NG: tl.constexpr, KW: tl.constexpr, G: tl.constexpr,
-             J0: tl.constexpr, ONE: tl.constexpr = False):  # fmt: skip
+             J0: tl.constexpr):  # fmt: skip
     """The activation words of fields J0 .. J0 + 3 of every group, [32, KW, NG] each (the
     same address for the 32 rows: one broadcast load a warp)."""
     k = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :, None, None]  # as _load's
     g = tl.arange(0, NG)[None, None, :, None]
     at = (k * NG + g) * G + J0 + tl.arange(0, 4)[None, None, None, :]
-    if ONE:  # one copy a program, broadcast to the rows after (what a pipelined loop stages)
-        x = tl.broadcast_to(tl.load(xq_ptr + at), (ROWS, KW, NG, 4))
-    else:
-        x = tl.load(xq_ptr + tl.broadcast_to(at, (ROWS, KW, NG, 4)))
+    x = tl.load(xq_ptr + tl.broadcast_to(at, (ROWS, KW, NG, 4)))
     e, o = tl.split(tl.reshape(x, (ROWS, KW, NG, 2, 2)))
     x0, x2 = tl.split(e)
     x1, x3 = tl.split(o)
@@ -183,7 +180,7 @@ def _x_words(xq_ptr, cb, c1, NG: tl.constexpr, KW: tl.constexpr, G: tl.constexpr
 
 @triton.jit
 def _x_scales(ptr, cb, c1, KW: tl.constexpr, G: tl.constexpr, J0: tl.constexpr,
-              VEC: tl.constexpr, ONE: tl.constexpr = False):  # fmt: skip
+              VEC: tl.constexpr):  # fmt: skip
     """Fields J0 .. J0 + 3's activation scales (or sums) of the chunks, [32, KW] each, zero
     for chunks at or past c1 (their words are chunk c1 - 1's again, _load's), so they add
     nothing. VEC: one broadcast 16-byte load a warp, else four scalar ones (H200 W1, (x): Q8_0
@@ -191,14 +188,8 @@ def _x_scales(ptr, cb, c1, KW: tl.constexpr, G: tl.constexpr, J0: tl.constexpr,
     against 419.3)."""
     k = (cb + tl.arange(0, KW))[None, :, None]
     if VEC:
-        at = k * G + J0 + tl.arange(0, 4)[None, None, :]
-        if ONE:  # one copy a program, broadcast to the rows after (_x_words')
-            v = tl.load(ptr + at, mask=tl.broadcast_to(k < c1, (1, KW, 4)), other=0.0)
-            v = tl.broadcast_to(v, (ROWS, KW, 4))
-        else:
-            shape: tl.constexpr = (ROWS, KW, 4)
-            v = tl.load(ptr + tl.broadcast_to(at, shape), mask=tl.broadcast_to(k < c1, shape),
-                        other=0.0)  # fmt: skip
+        at = tl.broadcast_to(k * G + J0 + tl.arange(0, 4)[None, None, :], (ROWS, KW, 4))
+        v = tl.load(ptr + at, mask=tl.broadcast_to(k < c1, (ROWS, KW, 4)), other=0.0)
         e, o = tl.split(tl.reshape(v, (ROWS, KW, 2, 2)))
         v0, v2 = tl.split(e)
         v1, v3 = tl.split(o)
@@ -227,15 +218,15 @@ def _field(part, add, n, x, dx, sx, a, b, S: tl.constexpr, OFFSET: tl.constexpr,
 @triton.jit
 def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0, b1, cb, c1,
           QTYPE: tl.constexpr, J0: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
-          KW: tl.constexpr, S: tl.constexpr, OFFSET: tl.constexpr, INTERPRETED: tl.constexpr,
-          ONE: tl.constexpr = False):  # fmt: skip
+          KW: tl.constexpr, S: tl.constexpr, OFFSET: tl.constexpr,
+          INTERPRETED: tl.constexpr):  # fmt: skip
     """Sub-blocks J0 .. J0 + 3: their codes n* ([32, KW * NG]) and activation words x*."""
     shape: tl.constexpr = (ROWS, KW, NG)
     VEC: tl.constexpr = QTYPE != Q8_0
-    d0, d1, d2, d3 = _x_scales(xd_ptr, cb, c1, KW, G, J0, VEC, ONE)
+    d0, d1, d2, d3 = _x_scales(xd_ptr, cb, c1, KW, G, J0, VEC)
     s0, s1, s2, s3 = d0, d1, d2, d3  # (never read without OFFSET)
     if OFFSET:
-        s0, s1, s2, s3 = _x_scales(xs_ptr, cb, c1, KW, G, J0, VEC, ONE)
+        s0, s1, s2, s3 = _x_scales(xs_ptr, cb, c1, KW, G, J0, VEC)
     a, b = _pair(QTYPE, J0, a0, a1, b0, b1)
     part, add = _field(part, add, tl.reshape(n0, shape), x0, d0, s0, a, b, S, OFFSET,
                        INTERPRETED)  # fmt: skip
@@ -253,10 +244,9 @@ def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0,
 
 @triton.jit
 def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, HI: tl.constexpr,
-             W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr, INTERPRETED: tl.constexpr,
-             ONE: tl.constexpr = False):  # fmt: skip
-    """acc [32, KW] += the chunks' parts of the rows' dot products. ONE: the activations
-    loaded once a program and broadcast to its rows (the pipelined loop's, STAGES)."""
+             W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr,
+             INTERPRETED: tl.constexpr):  # fmt: skip
+    """acc [32, KW] += the chunks' parts of the rows' dot products."""
     NG: tl.constexpr = W // 4
     S: tl.constexpr = QTYPE == Q8_0  # signed codes
     OFFSET: tl.constexpr = QTYPE != Q8_0
@@ -268,14 +258,13 @@ def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, H
     )
     part = tl.zeros((ROWS, KW), dtype=tl.float32)
     add = tl.zeros((ROWS, KW), dtype=tl.float32)
-    x0, x1, x2, x3 = _x_words(xq_ptr, cb, c1, NG, KW, G, 0, ONE)
+    x0, x1, x2, x3 = _x_words(xq_ptr, cb, c1, NG, KW, G, 0)
     part, add = _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0, b1,
-                      cb, c1, QTYPE, 0, G, NG, KW, S, OFFSET, INTERPRETED, ONE)  # fmt: skip
+                      cb, c1, QTYPE, 0, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
     if G == 8:
-        x4, x5, x6, x7 = _x_words(xq_ptr, cb, c1, NG, KW, G, 4, ONE)
+        x4, x5, x6, x7 = _x_words(xq_ptr, cb, c1, NG, KW, G, 4)
         part, add = _four(part, add, n4, n5, n6, n7, x4, x5, x6, x7, xd_ptr, xs_ptr, a0, a1, b0,
-                          b1, cb, c1, QTYPE, 4, G, NG, KW, S, OFFSET, INTERPRETED,
-                          ONE)  # fmt: skip
+                          b1, cb, c1, QTYPE, 4, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
     return acc + fa * part - fb * add
 
 
@@ -301,7 +290,6 @@ def gemv_int8_rows_kernel(
     INTERPRETED: tl.constexpr,
     OUT_W: tl.constexpr = 0,  # > 0 (16 or 32, with ACT): round the outputs in layout (OUT_W,
     OUT_G: tl.constexpr = 8,  # OUT_G) for the next GEMV (split_tickets.round_gated)
-    STAGES: tl.constexpr = 0,  # > 0: the chunk loop pipelined by Triton (num_stages)
 ):  # fmt: skip
     launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
@@ -315,30 +303,19 @@ def gemv_int8_rows_kernel(
         while cb < c1:
             cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
                         stride_q, stride_s, stride_d, W, KW)  # fmt: skip
-            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, True,
-                           STAGES > 0)  # fmt: skip
+            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, True)
             cb += KW
-    elif STAGES > 0 or not PREFETCH:
+    elif not PREFETCH:
         # the first chunks' weights load while the previous kernel ends (PDL); the rest as a loop
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
                     stride_q, stride_s, stride_d, W, KW)  # fmt: skip
         wait_prev(PDL)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
-        if STAGES > 0:
-            # pipelined: the next chunks' weights (and the activations, one copy a program)
-            # stream into shared memory (cp.async) while these are multiplied
-            for cb in tl.range(c0 + KW, c1, KW, num_stages=STAGES):
-                cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb,
-                            c1, stride_q, stride_s, stride_d, W, KW)  # fmt: skip
-                acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW,
-                               False, True)  # fmt: skip
-        else:
-            for cb in range(c0 + KW, c1, KW):
-                cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb,
-                            c1, stride_q, stride_s, stride_d, W, KW)  # fmt: skip
-                acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW,
-                               False)  # fmt: skip
+        for cb in range(c0 + KW, c1, KW):
+            cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
+                        stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
     else:
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
                     stride_q, stride_s, stride_d, W, KW)  # fmt: skip
@@ -376,6 +353,6 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     gemv_int8_rows_kernel[grid](
         x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, pw.shape[0], n_chunks, per_split,
         *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")),
-        QX=qx, ACT=act, PDL=early, INTERPRETED=interp, OUT_W=out_w, OUT_G=out_g,
-        STAGES=cfg.get("STAGES", 0), num_warps=warps, maxnreg=maxnreg(pw.qtype), **launch_kw(early),
+        QX=qx, ACT=act, PDL=early, INTERPRETED=interp, OUT_W=out_w, OUT_G=out_g, num_warps=warps,
+        maxnreg=maxnreg(pw.qtype), **launch_kw(early),
     )  # fmt: skip

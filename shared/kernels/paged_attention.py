@@ -123,8 +123,8 @@ def _pick_tiles(
         if keys == 128:
             # 8 warps won where the grid leaves SMs half empty (batch 1 at 32k: 45.1 against
             # 48.2 us with 4; batch 16: 530 against 566), 4 in full grids (batch 64 over 8k:
-            # 504 against 513) (y); FP8 lost with 8 warps everywhere (its bytes go to the
-            # dot's layout through shared memory a byte at a time)
+            # 504 against 513) (y); FP8 lost with 8 warps everywhere (not explained: its
+            # bytes reach the dot's layout through shared memory one at a time)
             return _Tiles(max(16, rows), keys, 8 if small_grid else 4, 2)
         return _Tiles(max(16, rows), keys, 4, 3)
     if head_dim <= 128 and max_query_len <= 512:

@@ -37,9 +37,13 @@ from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
 from shared.kernels.qmatmul.split_tickets import finish_rows, round_gated
 
-__all__ = ["ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows", "maxnreg"]
+__all__ = ["CACHE_HINTS", "ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows", "maxnreg"]
 
 ROWS = tl.constexpr(_ROWS)
+# config key CACHE: how the weight words are loaded, (cache modifier, eviction policy). Each word
+# is read once: 1 marks it first to leave L1 and L2, 2 keeps it out of L1 (".cg"; ptxas refuses
+# the two together). Opt-in, not measured on a GPU yet; 0 (plain loads) is every shipped config.
+CACHE_HINTS = {0: ("", ""), 1: ("", "evict_first"), 2: (".cg", "")}
 
 
 def maxnreg(qtype: int) -> int | None:
@@ -123,11 +127,12 @@ def _pair(QTYPE: tl.constexpr, J: tl.constexpr, a0, a1, b0, b1):
 
 @triton.jit
 def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-          tile, cb, c1, stride_q, stride_s, stride_d, W: tl.constexpr,
-          KW: tl.constexpr):  # fmt: skip
+          tile, cb, c1, stride_q, stride_s, stride_d, W: tl.constexpr, KW: tl.constexpr,
+          CM: tl.constexpr = "", EP: tl.constexpr = ""):  # fmt: skip
     """Every load of the chunks cb .. cb + KW - 1 (those below c1): the words [32, KW, NG, 4]
     (row r's four words of group g of chunk cb + k), the high entries [32, KW, NG] and the
-    scale words (``_scales``, [32, KW] each)."""
+    scale words (``_scales``, [32, KW] each). CM, EP: the words' and high entries' cache
+    modifier and eviction policy (``CACHE_HINTS``)."""
     NG: tl.constexpr = W // 4
     r3 = tl.arange(0, ROWS)[:, None, None]
     # chunks past c1 read chunk c1 - 1 (in bounds, unmasked: no registers to clear first);
@@ -136,7 +141,9 @@ def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, 
     unit = k3 * NG + tl.arange(0, NG)[None, None, :]  # [1, KW, NG]: the group's index
     at = (unit * ROWS + r3) * 4  # [32, KW, NG]
     words = tl.load(
-        q_ptr + tile * ROWS * stride_q + at[:, :, :, None] + tl.arange(0, 4)[None, None, None, :]
+        q_ptr + tile * ROWS * stride_q + at[:, :, :, None] + tl.arange(0, 4)[None, None, None, :],
+        cache_modifier=CM,
+        eviction_policy=EP,
     )
     # the high entries of the group: loaded with a last axis of their own, as the words (a
     # [32, KW, NG] load would be vectorized along the rows, another layout)
@@ -144,14 +151,18 @@ def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, 
     if QTYPE == Q6_K:  # four int16 entries: two words, as one int64
         base = hi_ptr.to(tl.pointer_type(tl.int32)) + tile * ROWS * (stride_q // 2)
         h2 = tl.load(
-            base + (unit * ROWS + r3)[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :]
+            base + (unit * ROWS + r3)[:, :, :, None] * 2 + tl.arange(0, 2)[None, None, None, :],
+            cache_modifier=CM,
+            eviction_policy=EP,
         )
         lo, up = tl.split(h2)
         hi = (lo.to(tl.int64) & 0xFFFFFFFF) | (up.to(tl.int64) << 32)
     elif HI:  # four uint8 entries, as one word
         base = hi_ptr.to(tl.pointer_type(tl.uint8)) + tile * ROWS * stride_q
         h4 = tl.load(
-            base + (unit * ROWS + r3)[:, :, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+            base + (unit * ROWS + r3)[:, :, :, None] * 4 + tl.arange(0, 4)[None, None, None, :],
+            cache_modifier=CM,
+            eviction_policy=EP,
         ).to(tl.int32)
         e, o = tl.split(tl.reshape(h4, (ROWS, KW, NG, 2, 2)))
         b0, b2 = tl.split(e)
@@ -290,6 +301,8 @@ def gemv_int8_rows_kernel(
     INTERPRETED: tl.constexpr,
     OUT_W: tl.constexpr = 0,  # > 0 (16 or 32, with ACT): round the outputs in layout (OUT_W,
     OUT_G: tl.constexpr = 8,  # OUT_G) for the next GEMV (split_tickets.round_gated)
+    CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (CACHE_HINTS)
+    EP: tl.constexpr = "",
 ):  # fmt: skip
     launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
@@ -302,28 +315,28 @@ def gemv_int8_rows_kernel(
         cb = c0
         while cb < c1:
             cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
-                        stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+                        stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, True)
             cb += KW
     elif not PREFETCH:
         # the first chunks' weights load while the previous kernel ends (PDL); the rest as a loop
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
-                    stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+                    stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
         wait_prev(PDL)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
         for cb in range(c0 + KW, c1, KW):
             cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
-                        stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+                        stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
     else:
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
-                    stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+                    stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
         wait_prev(PDL)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)  # the first loads in flight
         for cb in range(c0, c1, KW):
             nxt = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb + KW,
-                        c1, stride_q, stride_s, stride_d, W, KW)  # fmt: skip
+                        c1, stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
             cur = nxt
     y = tl.sum(acc, axis=1)
@@ -349,10 +362,11 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
     oq, od, os_, out_w, out_g = out_int8 if out_int8 else (xq, xd, xs, 0, 8)
     warps = cfg.get("num_warps", 4)
+    cm, ep = CACHE_HINTS[cfg.get("CACHE", 0)]
     early = pdl(x.device, gemv_int8_rows_kernel)
     gemv_int8_rows_kernel[grid](
         x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, pw.shape[0], n_chunks, per_split,
         *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")),
-        QX=qx, ACT=act, PDL=early, INTERPRETED=interp, OUT_W=out_w, OUT_G=out_g, num_warps=warps,
-        maxnreg=maxnreg(pw.qtype), **launch_kw(early),
+        QX=qx, ACT=act, PDL=early, INTERPRETED=interp, OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep,
+        num_warps=warps, maxnreg=maxnreg(pw.qtype), **launch_kw(early),
     )  # fmt: skip

@@ -176,12 +176,14 @@ def test_cuda_graph_mixed_steps_split_k_match_eager(
     """As above with attention split-K in the chunks' steps (thresholds lowered so that
     prefixes of 16 keys count as long): graphs read the slice count on the device."""
     import shared.engine.cuda_graphs as cg
+    import shared.kernels.attention_plan as plan
     import shared.kernels.paged_attention as pa
     from tests.spies import record_results
 
     chosen = record_results(monkeypatch, cg, "chunk_num_splits")
-    monkeypatch.setattr(pa, "CHUNK_SPLIT_MIN_CONTEXT", 16)
-    monkeypatch.setattr(pa, "_CHUNK_SPLIT_MIN_KEYS", 16)
+    for module in (pa, plan):  # the wrapper's windowed-layer test reads pa's
+        monkeypatch.setattr(module, "CHUNK_SPLIT_MIN_CONTEXT", 16)
+    monkeypatch.setattr(plan, "_CHUNK_SPLIT_MIN_KEYS", 16)
     graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=96)
     assert max(chosen) > 1 and replays["mixed"] > 5
     assert graphs == _generate_gemma3(cuda, synthetic_dir, graphs=False, budget=96)[0]

@@ -79,13 +79,11 @@ def test_decode_tiles_follow_the_context_cache_dtype_and_grid() -> None:
     assert pa._pick_tiles(64, 4, 128, fp8) == pa._pick_tiles(64, 4, 128)  # prefill: no change
 
 
-def test_long_tiles_need_the_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_long_tiles_need_the_shared_memory() -> None:
     """A device that gives a program 64 KB of shared memory (sm_75) keeps 64-key tiles."""
-    gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(pa, "max_shared_memory", lambda device: 64 * 1024)
-    assert pa.decode_tile_keys(128, torch.bfloat16, pa.LONG_DECODE_KEYS, gpu) == 64
-    monkeypatch.setattr(pa, "max_shared_memory", lambda device: 99 * 1024)  # sm_86, sm_89
-    assert pa.decode_tile_keys(128, torch.bfloat16, pa.LONG_DECODE_KEYS, gpu) == 128
+    assert pa.decode_tile_keys(128, torch.bfloat16, pa.LONG_DECODE_KEYS, 64 * 1024) == 64
+    # sm_86, sm_89
+    assert pa.decode_tile_keys(128, torch.bfloat16, pa.LONG_DECODE_KEYS, 99 * 1024) == 128
 
 
 def test_decode_tile_follows_the_context_hint(monkeypatch: pytest.MonkeyPatch) -> None:

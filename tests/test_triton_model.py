@@ -92,12 +92,14 @@ def test_engine_decode_with_triton_ops_matches_torch(path: Path) -> None:
 def test_chunk_split_k_matches_torch_ops(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompt chunks over a cached prefix with attention split-K (thresholds lowered to this
     tiny model: a prefix of 8 keys counts as long, a slice needs 8 keys, 64 SMs to fill)."""
+    import shared.kernels.attention_plan as plan
     import shared.kernels.device as device_k
     import shared.kernels.paged_attention as pa
 
     chosen = record_results(monkeypatch, pa, "chunk_num_splits")
-    monkeypatch.setattr(pa, "CHUNK_SPLIT_MIN_CONTEXT", 8)
-    monkeypatch.setattr(pa, "_CHUNK_SPLIT_MIN_KEYS", 8)
+    for module in (pa, plan):  # the wrapper's windowed-layer test reads pa's
+        monkeypatch.setattr(module, "CHUNK_SPLIT_MIN_CONTEXT", 8)
+    monkeypatch.setattr(plan, "_CHUNK_SPLIT_MIN_KEYS", 8)
     monkeypatch.setattr(device_k, "num_sms", lambda device: 64)
     ids = [1] + np.random.default_rng(0).integers(3, 320, 39).tolist()
     ref = logits(path, "torch", ids, 13, torch.float32)

@@ -62,7 +62,7 @@ def _unfused_split_linear(self, names, outs, in_features):
     return SplitLinear(parts, outs)
 
 
-def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int, device=None) -> int:
+def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 0) -> int:
     return 64 if head_dim <= 128 else 32
 
 
@@ -79,6 +79,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "combine-off": (_off("shared.kernels.paged_attention", "_rounds_heads", lambda h, w: False),),
     "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
     "attn-64": (
+        _off("shared.kernels.attention_plan", "decode_tile_keys", _tile_keys_64),
         _off("shared.kernels.paged_attention", "decode_tile_keys", _tile_keys_64),
         _off("shared.engine.cuda_graphs", "decode_tile_keys", _tile_keys_64),
     ),

@@ -112,6 +112,7 @@ def visible_pairs(ctx: int, n: int, window: int) -> int:
 def chunk_steps(args: argparse.Namespace) -> None:
     """W3's attention: a chunk over a long prefix beside 7 decodes, graph-replayed, in TFLOP/s
     over the visible query-key pairs, by split count and by prefill tile shape."""
+    import shared.kernels.attention_plan as plan
     import shared.kernels.paged_attention as pa
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -126,7 +127,7 @@ def chunk_steps(args: argparse.Namespace) -> None:
                 return default_tiles(q_len, group, head_dim, *rest)
             return pa._Tiles(max(tiles[0], group), *tiles[1:])
 
-        pa._pick_tiles = pick
+        pa._pick_tiles = plan.pick_tiles = pick  # the launches and chunk_num_splits
         for chunk in (256, 384, 512):
             for prefix in (4096, 16384, 28672):
                 q_lens, seq_lens = [chunk] + [1] * 7, [prefix + chunk] + [2048] * 7
@@ -146,7 +147,7 @@ def chunk_steps(args: argparse.Namespace) -> None:
                     mark = "*" if s == auto else ""
                     cells.append(f"{s}{mark}: {ms * 1e3:7.1f} ({flops / ms / 1e9:4.0f})")
                 print(f"  {name:14s} chunk={chunk} prefix={prefix:5d}  " + "  ".join(cells))
-    pa._pick_tiles = default_tiles
+    pa._pick_tiles = plan.pick_tiles = default_tiles
 
 
 DECODE_TILES = {

@@ -23,13 +23,13 @@ from typing import NamedTuple
 
 import torch
 
-from shared.kernels.device import num_sms
-from shared.kernels.paged_attention import (
+from shared.kernels.attention_plan import (
     chunk_num_splits,
     chunk_split_limit,
     decode_tile_keys,
     default_num_splits,
 )
+from shared.kernels.device import max_shared_memory, num_sms
 from shared.kv import KVPool
 from shared.model import ForwardBatch
 from shared.model.causal_lm import CausalLM
@@ -62,6 +62,21 @@ class DecodeGraph(NamedTuple):
     context: int
 
 
+def decode_rule(
+    seqs: int,
+    n_kv_heads: int,
+    context: int,
+    sms: int,
+    head_dim: int = 128,
+    cache_dtype: torch.dtype = torch.bfloat16,
+    shared_memory: int = 1 << 30,
+) -> tuple[int, int]:
+    """(attention slices, key tile) the kernel's rules give a decode batch of seqs sequences
+    over contexts of up to context keys (default_num_splits, decode_tile_keys)."""
+    keys = decode_tile_keys(head_dim, cache_dtype, context, shared_memory)
+    return default_num_splits(seqs, n_kv_heads, context, sms, keys), keys
+
+
 def decode_graphs(
     b: int,
     n_kv_heads: int,
@@ -69,15 +84,14 @@ def decode_graphs(
     sms: int,
     head_dim: int = 128,
     cache_dtype: torch.dtype = torch.bfloat16,
-    device: torch.device | None = None,
+    shared_memory: int = 1 << 30,
 ) -> list[DecodeGraph]:
     """The graphs decode bucket b is captured as (ascending), one a distinct (slices, tile)."""
     contexts = [n for n in DECODE_SPLIT_CONTEXTS if n < max_model_len] + [max_model_len]
     out: dict[tuple[int, int], DecodeGraph] = {}
     for n in contexts:
-        keys = decode_tile_keys(head_dim, cache_dtype, n, device)
-        splits = default_num_splits(b, n_kv_heads, n, sms, keys)
-        out.setdefault((splits, keys), DecodeGraph(splits, keys, n))
+        rule = decode_rule(b, n_kv_heads, n, sms, head_dim, cache_dtype, shared_memory)
+        out.setdefault(rule, DecodeGraph(*rule, n))
     return sorted(out.values())
 
 
@@ -129,6 +143,7 @@ class StepGraphs:
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
         self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
         self.sms = num_sms(dev)  # for the attention split rules, asked every step
+        self.shared_memory = max_shared_memory(dev)  # for the decode tile (the same)
         # decode buckets' attention slices and tiles, one graph each (decode_graphs; capture)
         self.decode_graphs: dict[int, list[DecodeGraph]] = {}
         # by (kind, bucket, DecodeGraph; None for mixed steps, whose count is set on the device)
@@ -138,6 +153,13 @@ class StepGraphs:
         self.logits: torch.Tensor | None = None  # every graph's logits (capture)
         self.replays = {"decode": 0, "mixed": 0}  # steps replayed, by kind
         self.last_key: tuple[str, int] = ("", 0)  # the graph replayed last
+
+    def _attention(self, context: int) -> tuple:
+        """decode_rule's / decode_graphs' arguments after the batch size, for this model,
+        cache and device at contexts of up to `context` keys."""
+        cfg = self.model.cfg
+        return (cfg.n_kv_heads, context, self.sms, cfg.head_dim, self.kv.k[0].dtype,
+                self.shared_memory)  # fmt: skip
 
     def _rows(self, kind: str, b: int) -> int:
         """Logits rows of a graph: one a sequence (decode), at most max_seqs (mixed)."""
@@ -173,12 +195,8 @@ class StepGraphs:
         self.query_start_loc.zero_()
         self.seq_lens.zero_()
         self.slot_mapping.fill_(-1)
-        cfg, cache = self.model.cfg, self.kv.k[0].dtype
         self.decode_graphs = {
-            b: decode_graphs(
-                b, cfg.n_kv_heads, self.max_model_len, self.sms, cfg.head_dim, cache, self.device
-            )
-            for b in self.buckets
+            b: decode_graphs(b, *self._attention(self.max_model_len)) for b in self.buckets
         }
         keys = [("mixed", b, None) for b in reversed(self.mixed)]
         keys += [("decode", b, g) for b in reversed(self.buckets) for g in self.decode_graphs[b]]
@@ -260,10 +278,7 @@ class StepGraphs:
         if kind == "mixed":
             self.attn_splits.fill_(self._chunk_splits(batch, b))
         else:
-            cfg = self.model.cfg
-            cache = self.kv.k[0].dtype
-            keys = decode_tile_keys(cfg.head_dim, cache, batch.max_seq_len, self.device)
-            want = default_num_splits(seqs, cfg.n_kv_heads, batch.max_seq_len, self.sms, keys)
+            want, keys = decode_rule(seqs, *self._attention(batch.max_seq_len))
             graph = (kind, b, pick_decode_graph(self.decode_graphs[b], want, keys))
         self.graphs[graph].replay()
         self.replays[kind] += 1

@@ -10,8 +10,10 @@ import numpy as np
 import torch
 
 from shared.kv import KVPool
+from shared.kv.calibrate import calibrate
 from shared.loader import GGUFFile
 from shared.model import ForwardBatch, SeqChunk, load_model
+from shared.tokenizer import load_tokenizer
 
 BLOCK = 16
 
@@ -41,12 +43,19 @@ def skiff_logits(
     kv_dtype: torch.dtype = torch.float16,
     chunk: int = 0,
     dense_copies: str = "off",
+    kv_scales: str = "token",
 ) -> np.ndarray:
-    """Teacher-forced logits from Skiff's model; `chunk` > 0 runs the prompt in chunks."""
-    model = load_model(GGUFFile(path), device, dense_copies=dense_copies)
+    """Teacher-forced logits from Skiff's model; `chunk` > 0 runs the prompt in chunks;
+    kv_scales "head" calibrates an FP8 cache's per-head scales first, as the engine does."""
+    f = GGUFFile(path)
+    model = load_model(f, device, dense_copies=dense_copies)
     cfg = model.cfg
     n_blocks = -(-len(ids) // BLOCK)
-    kv = KVPool(cfg.n_layers, n_blocks, BLOCK, cfg.n_kv_heads, cfg.head_dim, kv_dtype, device)
+    kv = KVPool(
+        cfg.n_layers, n_blocks, BLOCK, cfg.n_kv_heads, cfg.head_dim, kv_dtype, device, kv_scales
+    )
+    if kv.head_scales:
+        calibrate(model, kv, load_tokenizer(f.metadata))
     table = list(range(n_blocks))
     step = chunk or len(ids)
     parts = []

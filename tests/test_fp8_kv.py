@@ -13,6 +13,8 @@ from shared.kv import KVPool
 from shared.kv.kv_dtype import resolve_kv_dtype
 from tests.oracle import skiff_logits
 
+FP8 = torch.float8_e4m3fn
+
 TEXT = (Path(__file__).parent / "fidelity_text.txt").read_text()
 
 
@@ -22,32 +24,48 @@ def perplexity(logits: np.ndarray, ids: list[int]) -> float:
     return float(torch.exp(nll.mean()))
 
 
-# Measured over 512 tokens: SmolLM2 +0.31 %, Gemma 3 +1.15 %. Gemma's 256-wide QK-normed heads
-# lose more to e4m3's 3 mantissa bits; its bound records that rather than the +0.5 % target.
-MAX_INCREASE = {"smollm2": 0.005, "gemma3": 0.015}
+# Measured over these 512 tokens. Per-token scales: SmolLM2 -0.10 %, Gemma 3 +1.17 %; per-head
+# scales: SmolLM2 +0.84 %, Gemma 3 +0.38 %. Over one 512-token text the quantization pattern
+# moves these by tenths of a percent (over 3,072 tokens of GPL-3: SmolLM2 +0.56 / +0.65 %, Gemma 3
+# +1.24 / +1.51 %, python -m tools.fp8_perplexity). The bounds above +0.5 % record misses of the
+# target: Gemma's 256-wide QK-normed heads lose more to e4m3's 3 mantissa bits, and fixed scales
+# round each token's largest value, which per-token scales map exactly to 448.
+MAX_INCREASE = {
+    ("smollm2", "token"): 0.005,
+    ("smollm2", "head"): 0.012,
+    ("gemma3", "token"): 0.015,
+    ("gemma3", "head"): 0.015,
+}
 
 
+@pytest.mark.parametrize("scales", ["token", "head"])
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
-def test_fp8_kv_perplexity_close_to_fp16(which: str, request) -> None:
+def test_fp8_kv_perplexity_close_to_fp16(which: str, scales: str, request) -> None:
     from shared.loader import GGUFFile
     from shared.tokenizer import load_tokenizer
 
     path = request.getfixturevalue(f"{which}_path")
     ids = load_tokenizer(GGUFFile(path).metadata).encode(TEXT)[:512]
     fp16 = perplexity(skiff_logits(path, ids, kv_dtype=torch.float16), ids)
-    fp8 = perplexity(skiff_logits(path, ids, kv_dtype=torch.float8_e4m3fn), ids)
+    fp8 = perplexity(skiff_logits(path, ids, kv_dtype=FP8, kv_scales=scales), ids)
     print(
-        f"\n{which}: perplexity fp16 KV {fp16:.4f}, fp8 KV {fp8:.4f} "
+        f"\n{which}: perplexity fp16 KV {fp16:.4f}, fp8 KV ({scales} scales) {fp8:.4f} "
         f"({100 * (fp8 / fp16 - 1):+.3f} %) over {len(ids)} tokens"
     )
-    assert fp8 <= fp16 * (1 + MAX_INCREASE[which])
+    assert fp8 <= fp16 * (1 + MAX_INCREASE[which, scales])
 
 
-def test_fp8_kv_holds_about_twice_the_tokens() -> None:
+def test_fp8_kv_holds_twice_the_tokens() -> None:
     for head_dim in (64, 128, 256):
         fp16 = KVPool.bytes_per_block(32, 16, 8, head_dim, torch.float16)
-        fp8 = KVPool.bytes_per_block(32, 16, 8, head_dim, torch.float8_e4m3fn)
-        assert fp16 / fp8 >= 1.88 if head_dim == 64 else fp16 / fp8 >= 1.93
+        per_token = KVPool.bytes_per_block(32, 16, 8, head_dim, FP8)
+        per_head = KVPool.bytes_per_block(32, 16, 8, head_dim, FP8, "head")
+        assert fp16 / per_token >= 1.88 if head_dim == 64 else fp16 / per_token >= 1.93
+        assert fp16 / per_head == 2.0
+    pool = KVPool(2, 4, 16, 8, 64, FP8, "cpu", "head")
+    held = sum(t.numel() * t.element_size() for t in pool.k + pool.v)
+    held += sum(t.numel() * 4 for t in pool.k_scale_store + pool.v_scale_store)
+    assert held == KVPool.bytes_per_block(2, 16, 8, 64, FP8, "head") * 4 + 2 * 2 * 8 * 4
 
 
 def test_kv_dtype_choice() -> None:

@@ -317,6 +317,44 @@ def test_fp8_matches_reference(
     assert_close(out, fp8_reference(batch, ks, vs, scale, window), TOL[q_dtype])
 
 
+def to_fp8_head_scales(
+    batch: Batch, q_dtype: torch.dtype
+) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+    """The batch with its cache quantized to FP8 under one fixed scale per KV head, seen as
+    [blocks, block_size, kv_heads] with block and slot strides 0 (KVPool(scales="head")); poisoned
+    slots hold fp8 NaN codes."""
+    caches = []
+    for cache in (batch.k_cache, batch.v_cache):
+        x = cache.float()
+        poisoned = x.isnan().any(-1)
+        x = torch.nan_to_num(x) * torch.linspace(0.5, 6, x.shape[2], device=DEVICE)[:, None]
+        per_head = x.abs().amax(dim=(0, 1, 3)) / 448
+        values = (x / per_head[:, None]).clamp(-448, 448).to(FP8)
+        values.view(torch.uint8)[poisoned] = 0x7F  # e4m3fn NaN
+        caches.append((values, per_head.expand(cache.shape[:3])))
+    (k8, ks), (v8, vs) = caches
+    assert ks.stride()[:2] == (0, 0)
+    fp8 = Batch(batch.q.to(q_dtype), k8, v8, batch.block_tables, batch.query_start_loc,
+                batch.seq_lens)  # fmt: skip
+    return fp8, ks, vs
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "from_bytes"])
+@pytest.mark.parametrize(
+    "name,q_dtype,splits", [("mixed", F16, 1), ("decode", BF16, 3)], ids=lambda v: str(v)
+)
+def test_fp8_head_scales_match_reference(monkeypatch, small_tiles, native, name, q_dtype, splits):
+    """One scale per KV head (zero block and slot strides) reads like per-token scales."""
+    if native and NATIVE and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8e4nv loads need sm_89+")
+    monkeypatch.setattr(pa, "_native_fp8", lambda device: native)
+    batch = make_batch(*scenario(name), n_heads=4, n_kv_heads=2, head_dim=64)
+    batch, ks, vs = to_fp8_head_scales(batch, q_dtype)
+    scale = 64**-0.5
+    out = run_kernel(batch, scale, k_scale=ks, v_scale=vs, num_splits=splits)
+    assert_close(out, fp8_reference(batch, ks, vs, scale), TOL[q_dtype])
+
+
 @triton.jit
 def _decode_bytes_kernel(x_ptr, y_ptr):  # [256] uint8 -> [256] float32
     i = tl.arange(0, 256)

@@ -271,6 +271,56 @@ def test_rope_and_write_kv_fp8_values() -> None:
         torch.testing.assert_close(got.float() * scale, want.float() * scale, rtol=0.13, atol=1e-3)
 
 
+def _fp8_head_case(n_tok: int, n_heads: int, n_kv: int, d: int, dtype: torch.dtype) -> dict:
+    """Kernel and reference writing an fp8 cache under one fixed scale per KV head (block and
+    slot strides 0), the scales low enough that some values saturate at ±448."""
+    q, k, v = _split_qkv(n_tok, n_heads, n_kv, d, dtype, seed=20)
+    block_size = 16
+    num_blocks = -(-n_tok // block_size) + 2
+    g = torch.Generator().manual_seed(21)
+    positions = torch.randint(0, 2048, (n_tok,), generator=g).to(DEVICE)
+    slots = _slots(n_tok, num_blocks, block_size, start=5, seed=22)
+    shape = (num_blocks, block_size, n_kv)
+    before = [_randn(*shape, d, seed=s).to(FP8_DTYPE) for s in (23, 24)]
+    per_head = [torch.tensor([0.004, 0.011][:n_kv], device=DEVICE) for _ in range(2)]
+    got, want = [c.clone() for c in before], [c.clone() for c in before]
+    common = (positions, d, 1e4, True, 1.0, None)
+    scales = [s.expand(shape) for s in per_head]
+    q_out = rope_and_write_kv(q, k, v, *_fp8_args(common, got + scales, slots))
+    q_want = rope_and_write_kv_ref(q, k, v, *_fp8_args(common, want + scales, slots))
+    return dict(q=q, theta=positions.double(), slots=slots, before=before, got=got, want=want,
+                q_out=q_out, q_want=q_want, per_head=per_head)  # fmt: skip
+
+
+def test_rope_and_write_kv_fp8_head_scales() -> None:
+    """Fixed per-head scales: read, never written; q right; slots outside the batch untouched."""
+    c = _fp8_head_case(7, 4, 2, 64, torch.float32)
+    _assert_rope_close(c["q_out"], c["q_want"], c["q"], c["theta"], torch.float32, "q")
+    for s in c["per_head"]:  # read, never written
+        assert torch.equal(s, torch.tensor([0.004, 0.011], device=DEVICE))
+    live = c["slots"][c["slots"] >= 0]
+    written = torch.zeros(c["got"][0].shape[:2].numel(), dtype=torch.bool, device=DEVICE)
+    written[live] = True
+    for got, before in zip(c["got"], c["before"], strict=True):
+        got, before = (x.view(torch.uint8).flatten(0, 1) for x in (got, before))
+        assert torch.equal(got[~written], before[~written]), "cache changed outside slots"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=FP8_INTERPRETER)
+def test_rope_and_write_kv_fp8_head_scale_values() -> None:
+    c = _fp8_head_case(300, 32, 2, 128, torch.bfloat16)
+    live = c["slots"][c["slots"] >= 0]
+    for i in (0, 1):  # k, v
+        got, want = c["got"][i].flatten(0, 1)[live], c["want"][i].flatten(0, 1)[live]
+        assert got.float().isfinite().all(), "a saturated value is not ±448"
+        assert (got.float().abs() == 448).any(), "the case saturates nothing"
+        same = (got.view(torch.uint8) == want.view(torch.uint8)).float().mean().item()
+        assert same > 0.97, f"only {same:.3f} of fp8 codes match"
+        scale = c["per_head"][i][None, :, None]
+        torch.testing.assert_close(got.float() * scale, want.float() * scale, rtol=0.13, atol=1e-3)
+
+
 def test_rope_rejects_bad_inputs() -> None:
     q, k, v = _split_qkv(3, 2, 1, 64, torch.float32, seed=1)
     pos = torch.arange(3, device=DEVICE)

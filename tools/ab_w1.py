@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen", type=int, default=128)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--kv-dtype", default="auto", help="the KV cache's dtype (EngineConfig)")
+    p.add_argument("--kv-scales", default="token", choices=["token", "head"], help="fp8's scales")
     a = p.parse_args(argv)
     from tools.bench_w1 import bench
 
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 with ExitStack() as stack:
                     enter_variant(stack, name)
-                    res = bench(path, a.device, a.prompt, a.gen, a.runs, True, a.kv_dtype)
+                    res = bench(
+                        path, a.device, a.prompt, a.gen, a.runs, True, a.kv_dtype, a.kv_scales
+                    )
                 print(json.dumps({"variant": name, "round": r} | res), flush=True)
                 torch.cuda.empty_cache()
     return 0

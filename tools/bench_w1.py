@@ -1,7 +1,7 @@
 """W1: batch-1 decode through the engine's real path (scheduler, paged KV, CUDA graphs).
 
     python -m tools.bench_w1 MODEL.gguf [MODEL.gguf ...] [--prompt 512] [--gen 128] [--runs 3]
-                             [--kv-dtype auto|fp8|...]
+                             [--kv-dtype auto|fp8|...] [--kv-scales token|head]
 
 Per model: a 512-token prompt of random ids (prefix caching off, so every run prefills), then
 128 tokens generated greedily with EOS ignored, with overlapped steps as the server runs them
@@ -9,7 +9,7 @@ Per model: a 512-token prompt of random ids (prefix caching off, so every run pr
 JSON line per model: prefill tok/s (prompt tokens / time to the first token), decode tok/s
 (tokens after the first / their time), the median over the runs, and the HBM bound: file
 bytes / 4.3 TB/s. W6's decode speed at 32k context: ``--prompt 32000 --kv-dtype fp8`` against
-``--kv-dtype bfloat16``.
+``--kv-dtype bfloat16`` (``--kv-scales head``: FP8 with calibrated per-head scales).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def bench(
     runs: int,
     overlap: bool = False,
     kv_dtype: str = "auto",
+    kv_scales: str = "token",
 ) -> dict:
     from shared.engine import Sequence
     from shared.engine.factory import EngineConfig, build_engine
@@ -63,6 +64,7 @@ def bench(
             max_model_len=prompt_len + gen + 16,
             kv_blocks=(prompt_len + gen) // 16 + 64, max_batch_tokens=max(2048, prompt_len),
             prefix_caching=False, max_seqs=1, overlap=overlap, kv_dtype=kv_dtype,
+            kv_scales=kv_scales,
         )
     )  # fmt: skip
     load_s = time.perf_counter() - t
@@ -84,7 +86,8 @@ def bench(
         f"tg{gen}_tok_s": round(tg_med, 1),
         "tg_runs": [round(x, 1) for x in tg], "bound_tok_s": round(bound, 1),
         "of_bound": round(tg_med / bound, 3),
-        "kv_cache": str(engine.runner.kv.k[0].dtype).removeprefix("torch."),
+        "kv_cache": str(engine.runner.kv.k[0].dtype).removeprefix("torch.")
+        + (" (per-head scales)" if engine.runner.kv.head_scales else ""),
     }  # fmt: skip
 
 
@@ -101,9 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         "step at a time; the W1 figures of BENCHMARKS.md up to (r) ran that way)",
     )  # fmt: skip
     p.add_argument("--kv-dtype", default="auto", help="the KV cache's dtype (EngineConfig)")
+    p.add_argument("--kv-scales", default="token", choices=["token", "head"], help="fp8's scales")
     a = p.parse_args(argv)
     for path in a.models:
-        result = bench(path, a.device, a.prompt, a.gen, a.runs, a.overlap, a.kv_dtype)
+        result = bench(path, a.device, a.prompt, a.gen, a.runs, a.overlap, a.kv_dtype, a.kv_scales)
         print(json.dumps(result | {"overlap": a.overlap}), flush=True)
         torch.cuda.empty_cache()
     return 0

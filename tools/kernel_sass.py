@@ -261,6 +261,32 @@ def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90):
     return compiled["_rms_norm_kernel"]
 
 
+def compile_rope_kv(kv: str, arch: int = 90):
+    """RoPE + KV write as ``rope_and_write_kv`` launches it for 64 Llama-3-8B tokens (32 / 8
+    heads of 128, bf16) into a bf16 cache, an FP8 cache with per-token scales ("fp8") or one
+    with per-head scales ("fp8-head": zero block and slot strides)."""
+    import shared.kernels.rope_kv as rope_kv
+
+    with _compile_only(arch, rope_kv) as compiled:
+        t, n_kv, hd = 64, 8, 128
+        qkv = torch.empty(t, 48 * hd, dtype=torch.bfloat16)
+        q, k, v = qkv[:, : 32 * hd], qkv[:, 32 * hd : 40 * hd], qkv[:, 40 * hd :]
+        q, k, v = q.view(t, 32, hd), k.view(t, n_kv, hd), v.view(t, n_kv, hd)
+        dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
+        cache = torch.empty(128, 16, n_kv, hd, dtype=dtype)
+        scales = {
+            "bf16": None,
+            "fp8": torch.empty(128, 16, n_kv),
+            "fp8-head": torch.empty(n_kv).expand(128, 16, n_kv),
+        }[kv]
+        pos = torch.arange(t)
+        rope_kv.rope_and_write_kv(
+            q, k, v, pos, cache, torch.empty_like(cache), pos, hd, 5e5, True,
+            k_scale_cache=scales, v_scale_cache=scales,
+        )  # fmt: skip
+    return compiled["_rope_write_kv_kernel"]
+
+
 def _report(what: str, compile_fn, check: bool, arch: int, stats) -> bool:
     """Compile one kernel and print its line (with --check only that it compiled); False when
     it did not compile. stats: loop_stats or whole_stats."""
@@ -342,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
         build = functools.partial(compile_norm, layouts, args.arch)
         what = f"add + RMSNorm, rounded for {list(layouts)}"
         if not _report(what, build, args.check, args.arch, whole_stats):
+            return 1
+    for kv in ("bf16", "fp8", "fp8-head"):
+        build = functools.partial(compile_rope_kv, kv, args.arch)
+        if not _report(f"RoPE + KV write, {kv}", build, args.check, args.arch, whole_stats):
             return 1
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemv-i8", 1, 4), ("gemm", 16, 4),

@@ -12,6 +12,7 @@ from shared.engine.engine import LLMEngine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.warm_up import warm_up
 from shared.kv import BlockManager, KVPool
+from shared.kv.calibrate import calibrate
 from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
 from shared.model import load_model
@@ -26,6 +27,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"  # activations: float32, float16 or bfloat16
     kv_dtype: str = "auto"  # auto (= dtype), float32, float16, bfloat16 or fp8 (e4m3)
+    kv_scales: str = "token"  # fp8: per (token, KV head), or per KV head calibrated at start
     block_size: int = 16
     max_model_len: int = 0  # 0 = the model's context length, capped at 8192
     kv_blocks: int = 0  # 0 = sized from kv_cpu_bytes (CPU) or kv_gpu_fraction of free memory
@@ -51,7 +53,9 @@ class LoadedEngine:
 def _default_kv_blocks(
     cfg: EngineConfig, n_layers: int, n_kv_heads: int, head_dim: int, kv_dtype: torch.dtype
 ) -> int:
-    per_block = KVPool.bytes_per_block(n_layers, cfg.block_size, n_kv_heads, head_dim, kv_dtype)
+    per_block = KVPool.bytes_per_block(
+        n_layers, cfg.block_size, n_kv_heads, head_dim, kv_dtype, cfg.kv_scales
+    )
     device = torch.device(cfg.device)
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
@@ -92,8 +96,12 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim, kv_dtype
     )
     kv = KVPool(
-        mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, kv_dtype, cfg.device
-    )
+        mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, kv_dtype, cfg.device,
+        cfg.kv_scales,
+    )  # fmt: skip
+    tokenizer = load_tokenizer(f.metadata)
+    if kv.head_scales:
+        calibrate(model, kv, tokenizer)
     graphs = None
     on_cuda = torch.device(cfg.device).type == "cuda" and model.ops.name == "triton"
     if cfg.cuda_graphs != "off" and on_cuda:
@@ -121,4 +129,4 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     )
     if on_cuda:
         warm_up(engine, cfg.device)
-    return LoadedEngine(engine, load_tokenizer(f.metadata), f)
+    return LoadedEngine(engine, tokenizer, f)

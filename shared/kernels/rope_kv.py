@@ -5,7 +5,8 @@ float32 from integer positions inside the kernel (no cos/sin cache to keep in sy
 = base^(-2i/rope_dim) [/ freq_factors[i]], theta = (position / scale) * inv_freq[i]. Layouts as in
 shared/ops/rope.py: "norm" rotates pairs (2i, 2i+1), "neox" rotates (i, i + rope_dim/2); features
 past rope_dim pass through. A float8_e4m3fn cache also gets a float32 scale per (token, kv head),
-the convention of shared/ops/paged_attention_fp8.py. Reference: shared/ops/rope_kv.py.
+or uses fixed per-head scales: the conventions of shared/ops/paged_attention_fp8.py. Reference:
+shared/ops/rope_kv.py.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def _rope_write_kv_kernel(
     HAS_FREQ_FACTORS: tl.constexpr,
     FP8: tl.constexpr,
     FP8_MAX: tl.constexpr,
+    FIXED_SCALES: tl.constexpr,  # FP8 with one scale per KV head (block and slot strides 0)
     BH: tl.constexpr,  # heads per program
     BLOCK_PAIRS: tl.constexpr,  # >= ROPE_DIM // 2
     BLOCK_PASS: tl.constexpr,  # >= HEAD_DIM - ROPE_DIM
@@ -177,18 +179,22 @@ def _rope_write_kv_kernel(
             vals = tl.load(v_ptr + t * stride_vt + heads * stride_vh + d, mask=vmask, other=0.0)
             vals = vals.to(tl.float32)
             if FP8:
-                k_amax = tl.maximum(_abs_max_rows(o1), _abs_max_rows(o2))
-                k_amax = tl.maximum(k_amax, _abs_max_rows(rest))
-                v_amax = _abs_max_rows(vals)
-                k_scale, v_scale = k_amax / FP8_MAX, v_amax / FP8_MAX
-                # an all-zero head (or a scale that underflows) stores zeros with scale 1
-                k_scale = tl.where(k_scale > 0, k_scale, 1.0)
-                v_scale = tl.where(v_scale > 0, v_scale, 1.0)
                 scale_row = block * stride_scale_b + offset * stride_scale_o
                 scale_row += head_ids * stride_scale_h
                 smask = head_ids < n_kv_heads
-                tl.store(k_scale_ptr + scale_row, k_scale, mask=smask)
-                tl.store(v_scale_ptr + scale_row, v_scale, mask=smask)
+                if FIXED_SCALES:  # one calibrated scale per KV head, read and never written
+                    k_scale = tl.load(k_scale_ptr + scale_row, mask=smask, other=1.0)
+                    v_scale = tl.load(v_scale_ptr + scale_row, mask=smask, other=1.0)
+                else:
+                    k_amax = tl.maximum(_abs_max_rows(o1), _abs_max_rows(o2))
+                    k_amax = tl.maximum(k_amax, _abs_max_rows(rest))
+                    v_amax = _abs_max_rows(vals)
+                    k_scale, v_scale = k_amax / FP8_MAX, v_amax / FP8_MAX
+                    # an all-zero head (or a scale that underflows) stores zeros with scale 1
+                    k_scale = tl.where(k_scale > 0, k_scale, 1.0)
+                    v_scale = tl.where(v_scale > 0, v_scale, 1.0)
+                    tl.store(k_scale_ptr + scale_row, k_scale, mask=smask)
+                    tl.store(v_scale_ptr + scale_row, v_scale, mask=smask)
                 o1 = _fp8_scaled(o1, k_scale, FP8_MAX)
                 o2 = _fp8_scaled(o2, k_scale, FP8_MAX)
                 rest = _fp8_scaled(rest, k_scale, FP8_MAX)
@@ -298,7 +304,8 @@ def rope_and_write_kv(
     q, k, v may be strided views (of a fused QKV output) with a contiguous last dim. Slots must
     lie in the cache (not checked: that would synchronize with the device); negative slots are
     skipped. For a float8_e4m3fn cache, k_scale_cache/v_scale_cache receive amax / 448 per
-    (token, kv head) and the cache x / scale.
+    (token, kv head) and the cache x / scale; scale caches with block and slot strides 0 hold one
+    fixed scale per KV head (shared/ops/paged_attention_fp8.py), which the write only reads.
     """
     _check_inputs(
         q, k, v, positions, k_cache, v_cache, slot_mapping, rope_dim, base, scale,
@@ -324,6 +331,7 @@ def rope_and_write_kv(
         n_heads, n_kv_heads, k_cache.shape[1], float(scale), -2.0 * math.log2(base) / rope_dim,
         HEAD_DIM=head_dim, ROPE_DIM=rope_dim, NEOX=bool(neox),
         HAS_FREQ_FACTORS=freq_factors is not None, FP8=fp8, FP8_MAX=_FP8_MAX,
+        FIXED_SCALES=fp8 and scale_strides[:2] == (0, 0),
         BH=bh, BLOCK_PAIRS=triton.next_power_of_2(rope_dim // 2),
         BLOCK_PASS=triton.next_power_of_2(max(head_dim - rope_dim, 1)), BLOCK_D=block_d,
         PDL=early, num_warps=4, **launch_kw(early),

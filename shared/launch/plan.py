@@ -31,6 +31,7 @@ class ServeConfig:
     served_model_name: str | None = None
     dtype: str | None = None  # None: each worker's default
     kv_dtype: str | None = None  # None: the workers' default (the activation dtype)
+    kv_scales: str | None = None  # None: the workers' default (token)
     max_model_len: int | None = None
     kv_blocks: int | None = None
     max_batch_tokens: int | None = None
@@ -55,6 +56,7 @@ class ServeConfig:
             served_model_name=args.served_model_name,
             dtype=args.dtype,
             kv_dtype=args.kv_dtype,
+            kv_scales=args.kv_scales,
             max_model_len=args.max_model_len,
             kv_blocks=args.kv_blocks,
             max_batch_tokens=args.max_batch_tokens,
@@ -84,6 +86,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=[*DTYPES, "fp8"],
         help="KV cache dtype of workers (default: the activation dtype; fp8: e4m3 with "
         "per-token scales, on sm_89+ GPUs)",
+    )
+    p.add_argument(
+        "--kv-scales",
+        default=None,
+        choices=["token", "head"],
+        help="an fp8 KV cache's scales: token (default; one per token and KV head) or head (one "
+        "per layer and KV head, calibrated when a worker starts: half of fp16's bytes exactly)",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="context limit per request")
     p.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per worker")
@@ -218,6 +227,7 @@ def plan_processes(
     optional = {
         "--dtype": config.dtype,
         "--kv-dtype": config.kv_dtype,
+        "--kv-scales": config.kv_scales,
         "--max-model-len": config.max_model_len,
         "--kv-blocks": config.kv_blocks,
         "--max-batch-tokens": config.max_batch_tokens,

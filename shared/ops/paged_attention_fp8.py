@@ -1,7 +1,12 @@
-"""FP8 (e4m3) KV cache: the write path (per-token, per-head scales) and the attention reference.
+"""FP8 (e4m3) KV cache: the write path and the attention reference.
 
-A cached value is fp8 * scale, with one scale per token and KV head chosen so the token's largest
-magnitude maps to 448, e4m3's largest finite value. Attention over such a cache computes in
+A cached value is fp8 * scale. Scales come one of two ways:
+- per token and KV head (the default), chosen on write so the token's largest magnitude maps to
+  448, e4m3's largest finite value;
+- per KV head of a layer, fixed (calibrated when the engine starts, shared.kv.calibrate): the
+  scale tensor is then a [n_kv_heads] vector expanded to [num_blocks, block_size, n_kv_heads]
+  (block and slot strides 0), a write divides by it and clamps to ±448, and no scale is stored.
+Attention over such a cache computes in
 q's dtype, rounding like the Triton kernel: FP8 values are exact in fp16/bf16, so K's scale
 multiplies the float32 scores (K is never rounded), while V is dequantized and rounded to q's
 dtype, as are the probabilities.
@@ -30,6 +35,11 @@ def quantize_kv_fp8(
     return values, scale
 
 
+def fixed_scales(scales: torch.Tensor) -> bool:
+    """True for a scale cache that holds one scale per KV head (block and slot strides 0)."""
+    return scales.stride(0) == 0 and scales.stride(1) == 0
+
+
 def write_kv_fp8(
     k_cache: torch.Tensor,  # [num_blocks, block_size, n_kv_heads, head_dim] float8_e4m3fn
     v_cache: torch.Tensor,  # [num_blocks, block_size, n_kv_heads, head_dim] float8_e4m3fn
@@ -40,8 +50,13 @@ def write_kv_fp8(
     slot_mapping: torch.Tensor,  # [T] int64: block * block_size + offset
 ) -> None:
     for cache, scales, x in ((k_cache, k_scale, k), (v_cache, v_scale, v)):
+        rows = cache.view((-1,) + tuple(cache.shape[2:]))
+        if fixed_scales(scales):
+            per_head = scales[0, 0].float()[None, :, None]
+            rows[slot_mapping] = (x.float() / per_head).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+            continue
         values, s = quantize_kv_fp8(x, scales.dtype)
-        cache.view((-1,) + tuple(cache.shape[2:]))[slot_mapping] = values
+        rows[slot_mapping] = values
         scales.view((-1,) + tuple(scales.shape[2:]))[slot_mapping] = s
 
 

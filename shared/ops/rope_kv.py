@@ -2,7 +2,8 @@
 shared/kernels/rope_kv.rope_and_write_kv.
 
 A float8_e4m3fn cache follows shared/ops/paged_attention_fp8.py: one float32 scale per (token, kv
-head), amax over head_dim / 448 (1 for an all-zero head), value x / scale, so x ≈ fp8 * scale.
+head), amax over head_dim / 448 (1 for an all-zero head), value x / scale, so x ≈ fp8 * scale; or
+one fixed scale per KV head, read and not written.
 Slots below zero (padding tokens) are not written.
 """
 

@@ -19,6 +19,7 @@ class WorkerConfig:
     roles: tuple[str, ...] = ROLES
     dtype: str = "float32"
     kv_dtype: str = "auto"
+    kv_scales: str = "token"  # an fp8 cache's scales: per (token, KV head), or per KV head
     block_size: int = 16
     kv_blocks: int = 0  # 0: sized from the device (see shared.engine.factory)
     max_model_len: int = 0  # 0: the model's context, capped
@@ -65,6 +66,13 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         help="KV cache dtype (auto: the activation dtype; fp8: e4m3 with per-token "
         "scales, on sm_89+ GPUs)",
     )
+    p.add_argument(
+        "--kv-scales",
+        default=env("SKIFF_KV_SCALES", "token"),
+        choices=["token", "head"],
+        help="an fp8 KV cache's scales: token (one per token and KV head, written with it) or "
+        "head (one per layer and KV head, calibrated at start: half of fp16's bytes exactly)",
+    )
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks (0: size from memory)")
     p.add_argument("--max-model-len", type=int, default=0, help="context limit (0: the model's)")
@@ -108,6 +116,7 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         gateway_tokens=a.gateway_tokens,
         dtype=a.dtype if a.dtype != "auto" else default_dtype(a.device),
         kv_dtype=a.kv_dtype,
+        kv_scales=a.kv_scales,
         block_size=a.block_size,
         kv_blocks=a.kv_blocks,
         max_model_len=a.max_model_len,

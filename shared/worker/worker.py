@@ -180,6 +180,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             device=cfg.device,
             dtype=cfg.dtype,
             kv_dtype=cfg.kv_dtype,
+            kv_scales=cfg.kv_scales,
             block_size=cfg.block_size,
             max_model_len=cfg.max_model_len,
             kv_blocks=cfg.kv_blocks,

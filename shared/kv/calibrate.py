@@ -1,0 +1,64 @@
+"""Fixed per-head FP8 KV scales, calibrated once when the engine starts.
+
+An FP8 cache with per-head scales (KVPool(scales="head")) stores no scale per token: the cache
+holds exactly half the bytes of fp16. Its scales come from one pass of the model over a fixed
+text (calibration.txt: prose, numbers, code, JSON, SQL and a few scripts) into a float32 scratch
+cache: per layer and KV head, the scale maps HEADROOM × the largest magnitude written to 448.
+The headroom keeps later, larger keys and values from saturating at ±448, at the cost of the
+bottom of e4m3's range only (values under amax / 14,000 lose mantissa bits, as subnormals).
+
+Against per-token scales, which map each token's largest value exactly to 448, fixed scales
+round that value too: perplexity over 3,072 tokens of the GPL-3 text (six 512-token windows),
+fp8 against fp16 KV, SmolLM2 +0.65 % (per-token +0.56 %), Gemma 3 +1.51 % (+1.24 %). A search
+for the least squared round-trip error among 16 scales per octave did worse (+0.86 %).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from shared.kv.kv_pool import KVPool
+from shared.model import ForwardBatch, SeqChunk
+from shared.ops.paged_attention_fp8 import FP8_MAX
+
+TEXT = Path(__file__).with_name("calibration.txt")
+HEADROOM = 2.0
+_BLOCK = 16
+_CHUNK = 256  # tokens per forward: bounds the activations of the pass
+
+
+def calibrate_head_scales(model, kv: KVPool, ids: list[int], headroom: float = HEADROOM) -> None:
+    """Sets kv's per-head scales (kv.head_scales) from a forward of `ids` (any length > 0)."""
+    if not kv.head_scales:
+        raise ValueError("calibrate_head_scales needs an FP8 KVPool with scales='head'")
+    if not ids:
+        raise ValueError("calibrate_head_scales needs at least one token")
+    cfg = model.cfg
+    device = kv.k[0].device
+    n_blocks = -(-len(ids) // _BLOCK)
+    scratch = KVPool(
+        cfg.n_layers, n_blocks, _BLOCK, cfg.n_kv_heads, cfg.head_dim, torch.float32, device
+    )
+    table = list(range(n_blocks))
+    with torch.inference_mode():
+        for start in range(0, len(ids), _CHUNK):
+            chunk = SeqChunk(ids[start : start + _CHUNK], start, table, "last")
+            model(ForwardBatch.build([chunk], _BLOCK, device), scratch)
+        for layer in range(cfg.n_layers):
+            for store, cache in ((kv.k_scale_store, scratch.k), (kv.v_scale_store, scratch.v)):
+                written = cache[layer].reshape(-1, *cache[layer].shape[2:])[: len(ids)]
+                store[layer].copy_(head_scales(written, headroom))
+
+
+def head_scales(x: torch.Tensor, headroom: float = HEADROOM) -> torch.Tensor:
+    """[n_kv_heads] scales for x [tokens, n_kv_heads, head_dim]: headroom × amax / 448 per head
+    (1 for a head of zeros)."""
+    amax = x.float().abs().amax(dim=(0, 2))
+    return torch.where(amax > 0, amax * headroom / FP8_MAX, torch.ones_like(amax))
+
+
+def calibrate(model, kv: KVPool, tokenizer) -> None:
+    """calibrate_head_scales over calibration.txt, tokenized as a prompt."""
+    calibrate_head_scales(model, kv, tokenizer.encode(TEXT.read_text()))

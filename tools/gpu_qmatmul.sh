@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, tune (TUNE_ARGS), ab
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, tune (TUNE_ARGS), ab, w6
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
   [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -58,6 +58,15 @@ case " $STAGES " in *" w1 "*)
   models 2>&1
   timeout ${W1_S:-420} python3 -m tools.bench_w1 $(for t in $TYPES; do echo /tmp/l3-$t.gguf; done) \
     2>&1 | tee "$OUT/w1-skiff.jsonl" ;;
+esac
+case " $STAGES " in *" w6 "*)  # W6: decode at 32k context, bf16 / FP8 per-token / FP8 per-head KV
+  models 2>&1
+  t=${TYPES%% *}
+  for kv in "bfloat16 token" "fp8 token" "fp8 head"; do
+    set -- $kv
+    timeout ${W6_S:-150} python3 -m tools.bench_w1 /tmp/l3-$t.gguf --prompt 32000 --gen 64 --runs 2 \
+      --kv-dtype $1 --kv-scales $2 2>&1 | grep '^{' | tee -a "$OUT/w6.jsonl"
+  done ;;
 esac
 case " $STAGES " in *" ab "*)  # W1 A/B in one process (tools/ab_w1.py); AB_VARIANTS for each type
   models 2>&1

@@ -18,7 +18,8 @@ and FP8 alike, about 2.7 us a key tile a program whatever the dtype).
 `--chunks`: instead, W3's steps: a prompt chunk of 256/384/512 tokens over a 4k-28k prefix beside
 7 decodes at 2k keys, graph-replayed, by split count (auto: chunk_num_splits) and prefill tiles.
 
-    python -m tools.bench_attention [--dtype bf16|fp16|fp8] [--heads 32 --kv-heads 8 --head-dim 128]
+    python -m tools.bench_attention [--dtype bf16|fp16|fp8|fp8-head] [--heads 32 --kv-heads 8
+                                    --head-dim 128]
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ import torch
 from shared.kernels.paged_attention import paged_attention
 from shared.ops.paged_attention_fp8 import FP8, quantize_kv_fp8
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": FP8}
+# fp8: a scale per token and KV head; fp8-head: one per KV head (KVPool(scales="head"))
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": FP8, "fp8-head": FP8}
 
 
 def make_cache(args: argparse.Namespace, seq_lens: list[int]) -> dict:
-    """Shuffled blocks holding every sequence's keys; FP8 caches get per-token scales."""
+    """Shuffled blocks holding every sequence's keys; FP8 caches get per-token scales, or one
+    per KV head (fp8-head)."""
     dev, bs = "cuda", args.block_size
     n_blocks = [-(-n // bs) for n in seq_lens]
     num_blocks = sum(n_blocks)
@@ -46,7 +49,7 @@ def make_cache(args: argparse.Namespace, seq_lens: list[int]) -> dict:
         tables[b, :nb] = perm[start : start + nb]
         start += nb
     shape = (num_blocks, bs, args.kv_heads, args.head_dim)
-    compute = torch.bfloat16 if args.dtype == "fp8" else DTYPES[args.dtype]
+    compute = _compute_dtype(args)
     kv = {"block_tables": tables}
     for name in ("k", "v"):
         x = torch.randn(shape, device=dev, dtype=compute)
@@ -54,9 +57,17 @@ def make_cache(args: argparse.Namespace, seq_lens: list[int]) -> dict:
             values, scales = quantize_kv_fp8(x.flatten(0, 1))
             kv[f"{name}_cache"] = values.view(shape)
             kv[f"{name}_scale"] = scales.view(shape[:3])
+        elif args.dtype == "fp8-head":
+            per_head = x.float().abs().amax(dim=(0, 1, 3)) / 448
+            kv[f"{name}_cache"] = (x.float() / per_head[:, None]).to(FP8)
+            kv[f"{name}_scale"] = per_head.expand(shape[:3])
         else:
             kv[f"{name}_cache"] = x
     return kv
+
+
+def _compute_dtype(args: argparse.Namespace) -> torch.dtype:
+    return torch.bfloat16 if DTYPES[args.dtype] == FP8 else DTYPES[args.dtype]
 
 
 def kv_bytes(args: argparse.Namespace, keys: int) -> int:
@@ -74,7 +85,7 @@ def run(
     import triton.testing
 
     kv = make_cache(args, seq_lens)
-    compute = torch.bfloat16 if args.dtype == "fp8" else DTYPES[args.dtype]
+    compute = _compute_dtype(args)
     q = torch.randn(sum(q_lens), args.heads, args.head_dim, device="cuda", dtype=compute)
     starts = [0]
     for n in q_lens:

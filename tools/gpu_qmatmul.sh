@@ -37,7 +37,7 @@ case " $STAGES " in *" attn "*)  # batch 1-8 decode attention by split count (gr
     | tee "$OUT/attn-splits.txt" ;;
 esac
 case " $STAGES " in *" kv "*)  # W6's decode attention at 1k-32k: bf16 against FP8 KV
-  for dt in bf16 fp8; do
+  for dt in bf16 fp8 fp8-head; do
     timeout ${KV_S:-90} python3 -m tools.bench_attention --dtype $dt 2>&1 | tee "$OUT/w6-$dt.txt"
   done ;;
 esac

@@ -235,13 +235,17 @@ def compile_attention(
     with _compile_only(arch, pa, _native_fp8=fp8, _num_sms=sms) as compiled:
         ctx, bs, n_kv, hd = 32768, 16, 8, 128
         blocks = b * ctx // bs
-        kv_dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+        kv_dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
         k = torch.empty(blocks, bs, n_kv, hd, dtype=kv_dtype)
         q = torch.empty(b * query_len, 4 * n_kv, hd, dtype=torch.bfloat16)
         table = torch.arange(blocks, dtype=torch.int32).reshape(b, -1)
         starts = torch.arange(b + 1, dtype=torch.int32) * query_len
         lens = torch.full((b,), ctx, dtype=torch.int32)
-        scales = torch.empty(blocks, bs, n_kv) if kv == "fp8" else None
+        scales = {
+            "bf16": None,
+            "fp8": torch.empty(blocks, bs, n_kv),
+            "fp8-head": torch.empty(n_kv).expand(blocks, bs, n_kv),  # one scale per KV head
+        }[kv]
         splits = {"num_splits": 8, "num_splits_t": lens[:1]} if device_splits else {}
         pa.paged_attention(
             q, k, torch.empty_like(k), table, starts, lens, 0.088, max_query_len=query_len,
@@ -355,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("kernel_sass: unset TRITON_INTERPRET (the interpreter replaces the kernels)")
         return 2
-    for kv in ("bf16", "fp8"):
+    for kv in ("bf16", "fp8", "fp8-head"):
         # decode at batch 16 and 1 (a grid of at most two programs an SM: other tiles), prefill
         for query_len, device_splits, b in ((1, False, 16), (1, False, 1), (64, False, 16),
                                             (64, True, 16)):  # fmt: skip

@@ -176,7 +176,8 @@ def paged_attention(
     num_splits_t, num_splits (> 1) only sizes the launch and the workspace: the kernels read the
     count to use (1 to num_splits, not checked: a host sync) from the device, so a CUDA graph
     can change it between replays. An FP8 cache (float8_e4m3fn, value = fp8 * scale) needs
-    k_scale and v_scale and computes in fp16 (float32 for float32 queries).
+    k_scale and v_scale and computes in fp16 (float32 for float32 queries); scales with block
+    and slot strides 0 (one per KV head) are applied once a program instead of once a key.
 
     With int8_layout (W, G): returns (out, rounded), rounded {(W, G): (xq, xd, xs)} as
     ``int8_activations.prepare_int8`` makes them of out's row for a weight of that layout, when
@@ -232,6 +233,8 @@ def paged_attention(
     vs = v_scale if kv_fp8 else v_cache
     ks_strides = k_scale.stride() if kv_fp8 else (0, 0, 0)
     vs_strides = v_scale.stride() if kv_fp8 else (0, 0, 0)
+    # one scale per KV head (KVPool(scales="head")): applied once a program, not once a key
+    head_scales = kv_fp8 and ks_strides[:2] == (0, 0) and vs_strides[:2] == (0, 0)
 
     if num_splits > 1:
         part_acc = torch.empty(
@@ -268,6 +271,7 @@ def paged_attention(
         USE_SPLITS=num_splits > 1,
         DYNAMIC_SPLITS=dynamic,
         KV_FP8=kv_fp8,
+        HEAD_SCALES=head_scales,
         FP8_FROM_BYTES=fp8_from_bytes,
         DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
         INTERPRETED=_interpreted(),

@@ -89,6 +89,7 @@ def _attend_tile(
     BLOCK_SIZE: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     KV_FP8: tl.constexpr,
+    TOKEN_SCALES: tl.constexpr,  # FP8 with a scale per token (else per KV head: applied outside)
     FP8_FROM_BYTES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
@@ -104,7 +105,7 @@ def _attend_tile(
     k = _load_kv(k_ptr + k_off, d_ok[:, None] & key_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
     s = _dot(q, k, None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
-    if KV_FP8:
+    if TOKEN_SCALES:
         ks = tl.load(k_scale_ptr + block * stride_ks_b + slot * stride_ks_t, mask=key_ok, other=0)
         s = s * (ks.to(tl.float32) * qk_scale)[None, :]
     else:
@@ -122,7 +123,7 @@ def _attend_tile(
 
     v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
     v = _load_kv(v_ptr + v_off, key_ok[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
-    if KV_FP8:
+    if TOKEN_SCALES:
         vs = tl.load(v_scale_ptr + block * stride_vs_b + slot * stride_vs_t, mask=key_ok, other=0)
         if q.shape[0] < BLOCK_D:
             # fewer score rows than head dims (decode): V's per-token scale goes into the
@@ -189,6 +190,7 @@ def _paged_attention_kernel(
     USE_SPLITS: tl.constexpr,
     DYNAMIC_SPLITS: tl.constexpr,  # the split count is read from splits_ptr (CUDA graphs)
     KV_FP8: tl.constexpr,
+    HEAD_SCALES: tl.constexpr,  # FP8 with one scale per KV head (block and slot strides 0)
     FP8_FROM_BYTES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
@@ -253,6 +255,8 @@ def _paged_attention_kernel(
     v_ptr = v_cache_ptr + kv_head * stride_v_h
     ks_ptr = k_scale_ptr + kv_head * stride_ks_h
     vs_ptr = v_scale_ptr + kv_head * stride_vs_h
+    if HEAD_SCALES:  # K's scale joins the softmax scale; V's multiplies the sums at the end
+        qk_scale = qk_scale * tl.load(ks_ptr).to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -265,8 +269,8 @@ def _paged_attention_kernel(
                 table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
                 stride_k_b, stride_k_t, stride_v_b, stride_v_t,
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
-                HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8, FP8_FROM_BYTES,
-                DOT_PRECISION, INTERPRETED,
+                HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
+                KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
             tile += 1
     else:
@@ -276,10 +280,12 @@ def _paged_attention_kernel(
                 table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
                 stride_k_b, stride_k_t, stride_v_b, stride_v_t,
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
-                HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8, FP8_FROM_BYTES,
-                DOT_PRECISION, INTERPRETED,
+                HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
+                KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
 
+    if HEAD_SCALES:
+        acc = acc * tl.load(vs_ptr).to(tl.float32)
     # one slice (no split-K, or a dynamic count of 1): the result goes straight to out
     to_parts = False
     if USE_SPLITS:

@@ -2,15 +2,15 @@
 
 An FP8 cache with per-head scales (KVPool(scales="head")) stores no scale per token: the cache
 holds exactly half the bytes of fp16. Its scales come from one pass of the model over a fixed
-text (calibration.txt: prose, numbers, code, JSON, SQL and a few scripts) into a float32 scratch
-cache: per layer and KV head, the scale maps HEADROOM × the largest magnitude written to 448.
-The headroom keeps later, larger keys and values from saturating at ±448, at the cost of the
-bottom of e4m3's range only (values under amax / 14,000 lose mantissa bits, as subnormals).
+text (calibration.txt: prose, numbers, code, JSON, SQL and a few scripts) into an unquantized
+scratch cache: per layer and KV head, the scale maps HEADROOM × the largest magnitude written
+to 448. The headroom keeps later, larger keys and values from saturating at ±448, at the cost
+of the bottom of e4m3's range only (values under amax / 14,000 lose mantissa bits).
 
-Against per-token scales, which map each token's largest value exactly to 448, fixed scales
-round that value too: perplexity over 3,072 tokens of the GPL-3 text (six 512-token windows),
-fp8 against fp16 KV, SmolLM2 +0.65 % (per-token +0.56 %), Gemma 3 +1.51 % (+1.24 %). A search
-for the least squared round-trip error among 16 scales per octave did worse (+0.86 %).
+Per-token scales map each token's largest value exactly to 448; fixed scales round it too.
+Perplexity against fp16 KV over six 512-token windows of /usr/share/common-licenses/GPL-3
+(tools/fp8_perplexity.py): SmolLM2 +0.65 % (per-token +0.56 %), Gemma 3 +1.51 % (+1.24 %). A
+search for the least squared round-trip error among 16 scales an octave did worse (+0.86 %).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ def calibrate_head_scales(model, kv: KVPool, ids: list[int], headroom: float = H
     cfg = model.cfg
     device = kv.k[0].device
     n_blocks = -(-len(ids) // _BLOCK)
-    scratch = KVPool(
-        cfg.n_layers, n_blocks, _BLOCK, cfg.n_kv_heads, cfg.head_dim, torch.float32, device
-    )
+    # the values as written, unrounded: in the activations' dtype on a GPU (bfloat16 there by
+    # default, the cache dtype its kernels run most), float32 on the CPU
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    scratch = KVPool(cfg.n_layers, n_blocks, _BLOCK, cfg.n_kv_heads, cfg.head_dim, dtype, device)
     table = list(range(n_blocks))
     with torch.inference_mode():
         for start in range(0, len(ids), _CHUNK):

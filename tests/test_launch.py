@@ -87,10 +87,11 @@ def test_serve_flags_build_the_config(tmp_path: Path) -> None:
     args = build_parser().parse_args(
         ["serve", str(tmp_path / "m.gguf"), "--port", "9001", "--devices", "cpu"]
         + ["--api-key", "a", "--api-key", "b", "--dtype", "bfloat16", "--max-model-len", "512"]
-        + ["--kv-dtype", "fp8"]
+        + ["--kv-dtype", "fp8", "--kv-scales", "head"]
     )
     config = ServeConfig.from_args(args)
     assert config.kv_dtype == "fp8"  # W2/W3's FP8 configuration: `skiff serve --kv-dtype fp8`
+    assert config.kv_scales == "head"
     assert config.model == tmp_path / "m.gguf"
     assert (config.host, config.port, config.devices) == ("127.0.0.1", 9001, "cpu")
     assert config.api_keys == ("a", "b")
@@ -131,7 +132,7 @@ def test_worker_options_are_passed_on() -> None:
     config = ServeConfig(
         model=Path("/m.gguf"), dtype="float16", max_model_len=1024, kv_blocks=64,
         max_batch_tokens=256, overlap=True, step_target_ms=20.0, dense_copies="off",
-        kv_dtype="fp8",
+        kv_dtype="fp8", kv_scales="head",
     )  # fmt: skip
     plan = launch.plan_processes(config, ["cpu"], launch.local_endpoints())
     argv = plan.workers["worker cpu"]
@@ -143,10 +144,14 @@ def test_worker_options_are_passed_on() -> None:
     assert _flag(argv, "--step-target-ms") == "20.0"
     assert _flag(argv, "--dense-copies") == "off"
     assert _flag(argv, "--kv-dtype") == "fp8"
+    assert _flag(argv, "--kv-scales") == "head"
     # the worker accepts what the plan passes
     from shared.worker.config import parse_worker_args
 
     assert parse_worker_args(["--model", "/m.gguf", "--kv-dtype", "fp8"], "d").kv_dtype == "fp8"
+    worker = parse_worker_args(["--model", "/m.gguf", "--kv-scales", "head"], "d")
+    assert worker.kv_scales == "head"
+    assert parse_worker_args(["--model", "/m.gguf"], "d").kv_scales == "token"  # the default
 
     assert parse_worker_args(["--model", "/m.gguf", "--overlap"], "decode").overlap
     assert parse_worker_args(["--model", "/m.gguf"], "decode").overlap  # the default

@@ -102,6 +102,8 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     tokenizer = load_tokenizer(f.metadata)
     if kv.head_scales:
         calibrate(model, kv, tokenizer)
+    elif cfg.kv_scales == "head":
+        log.warning("kv_scales 'head' is for an fp8 KV cache; this one is %s", kv_dtype)
     graphs = None
     on_cuda = torch.device(cfg.device).type == "cuda" and model.ops.name == "triton"
     if cfg.cuda_graphs != "off" and on_cuda:

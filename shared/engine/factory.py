@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -101,7 +102,10 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     )  # fmt: skip
     tokenizer = load_tokenizer(f.metadata)
     if kv.head_scales:
-        calibrate(model, kv, tokenizer)
+        t = time.perf_counter()
+        n = calibrate(model, kv, tokenizer)
+        took = time.perf_counter() - t
+        log.info("FP8 KV scales per head calibrated over %d tokens in %.2f s", n, took)
     elif cfg.kv_scales == "head":
         log.warning("kv_scales 'head' is for an fp8 KV cache; this one is %s", kv_dtype)
     graphs = None

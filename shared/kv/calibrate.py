@@ -60,6 +60,8 @@ def head_scales(x: torch.Tensor, headroom: float = HEADROOM) -> torch.Tensor:
     return torch.where(amax > 0, amax * headroom / FP8_MAX, torch.ones_like(amax))
 
 
-def calibrate(model, kv: KVPool, tokenizer) -> None:
-    """calibrate_head_scales over calibration.txt, tokenized as a prompt."""
-    calibrate_head_scales(model, kv, tokenizer.encode(TEXT.read_text()))
+def calibrate(model, kv: KVPool, tokenizer) -> int:
+    """calibrate_head_scales over calibration.txt, tokenized as a prompt; returns its tokens."""
+    ids = tokenizer.encode(TEXT.read_text())
+    calibrate_head_scales(model, kv, ids)
+    return len(ids)

@@ -26,8 +26,9 @@ timeout ${GPU_TESTS_S:-300} python3 -m pytest -m gpu -q -s -rs -p no:cacheprovid
 rc=${PIPESTATUS[0]}
 # The kernel tests run natively at their CUDA sizes (not only the gpu-marked ones).
 timeout ${KERNEL_TESTS_S:-240} python3 -m pytest -q -rs -p no:cacheprovider -m "" \
-  tests/test_kernel_paged_attention.py \
-  tests/test_kernel_paged_attention_args.py tests/test_kernels_fused.py tests/test_triton_model.py \
+  tests/test_kernel_paged_attention.py tests/test_kernel_paged_attention_fp8.py \
+  tests/test_kernel_paged_attention_args.py tests/test_kernels_fused.py \
+  tests/test_kernel_rope_kv_fp8.py tests/test_triton_model.py \
   tests/test_kernel_packed_gemv.py tests/test_kernel_packed_dequant.py tests/test_kernel_packed_act.py \
   tests/test_kernel_packed_matmul.py \
   tests/test_quant_linear.py tests/test_qmatmul_tuning.py 2>&1 | tee "$OUT/pytest-kernels.log"

@@ -14,7 +14,6 @@ kernels. Shapes are Llama-3-8B's 4096 x 4096 with bf16 activations.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import re
@@ -35,6 +34,7 @@ from shared.kernels.qmatmul.packed_chunk import MAGIC
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.quant import block_geometry
+from tools.compile_launches import compile_attention, compile_norm, compile_rope_kv
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
           torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8"}  # fmt: skip
@@ -170,125 +170,6 @@ def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: 
 
         options["maxnreg"] = maxnreg(qtype)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-
-
-class _CompileOnlyDriver:
-    """Stands in for Triton's CUDA driver so that a wrapper's own launches compile (the JIT's
-    warmup path, with its real argument specialization) on a machine without a GPU."""
-
-    def __init__(self, arch: int) -> None:
-        self.target = GPUTarget("cuda", arch, 32)
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device=None) -> int:
-        return 0
-
-    def get_current_target(self) -> GPUTarget:
-        return self.target
-
-    def is_active(self) -> bool:
-        return True
-
-
-@contextlib.contextmanager
-def _compile_only(arch: int, module: object, **patches: object):
-    """Within: a wrapper's own kernel launches compile for sm_`arch` (the JIT's warmup path,
-    with its real argument specialization) instead of running, into the yielded dict by
-    kernel name; `module`'s attributes in `patches` replaced (device queries a CPU cannot
-    answer), and its launches early (``pdl``) as on a GPU of that architecture."""
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
-
-    compiled: dict = {}
-
-    def compile_only(self, grid):
-        return lambda *args, **kw: compiled.setdefault(
-            self.fn.__name__, self.warmup(*args, grid=grid, **kw)
-        )
-
-    patches = {"pdl": lambda device, kernel: arch >= 90, **patches}
-    saved = {name: getattr(module, name) for name in patches}
-    saved_getitem, saved_driver = JITFunction.__getitem__, driver._active
-    driver.set_active(_CompileOnlyDriver(arch))
-    JITFunction.__getitem__ = compile_only
-    for name, value in patches.items():
-        setattr(module, name, value)
-    try:
-        yield compiled
-    finally:
-        JITFunction.__getitem__, driver._active = saved_getitem, saved_driver
-        for name, value in saved.items():
-            setattr(module, name, value)
-
-
-def compile_attention(
-    kv: str, query_len: int, arch: int = 90, device_splits: bool = False, b: int = 16
-):
-    """The paged-attention kernel as ``paged_attention`` launches it for a Llama-3-8B-like batch
-    (b sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache;
-    device_splits: split-K with the count read on the device (mixed-step CUDA graphs)."""
-    import shared.kernels.paged_attention as pa
-
-    fp8, sms = (lambda device: True), (lambda device: 132)
-    with _compile_only(arch, pa, _native_fp8=fp8, _num_sms=sms) as compiled:
-        ctx, bs, n_kv, hd = 32768, 16, 8, 128
-        blocks = b * ctx // bs
-        kv_dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
-        k = torch.empty(blocks, bs, n_kv, hd, dtype=kv_dtype)
-        q = torch.empty(b * query_len, 4 * n_kv, hd, dtype=torch.bfloat16)
-        table = torch.arange(blocks, dtype=torch.int32).reshape(b, -1)
-        starts = torch.arange(b + 1, dtype=torch.int32) * query_len
-        lens = torch.full((b,), ctx, dtype=torch.int32)
-        scales = {
-            "bf16": None,
-            "fp8": torch.empty(blocks, bs, n_kv),
-            "fp8-head": torch.empty(n_kv).expand(blocks, bs, n_kv),  # one scale per KV head
-        }[kv]
-        splits = {"num_splits": 8, "num_splits_t": lens[:1]} if device_splits else {}
-        pa.paged_attention(
-            q, k, torch.empty_like(k), table, starts, lens, 0.088, max_query_len=query_len,
-            k_scale=scales, v_scale=scales, max_seq_len=ctx, **splits,
-        )  # fmt: skip
-    return compiled["_paged_attention_kernel"]
-
-
-def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90):
-    """The fused residual add + RMSNorm as ``add_rms_norm_int8`` launches it for one Llama-3-8B
-    row (4096, bf16), rounding it to int8 for `layouts` in the same launch."""
-    import shared.kernels.norm as norm
-
-    with _compile_only(arch, norm) as compiled:
-        x = torch.empty(1, 4096, dtype=torch.bfloat16)
-        norm.add_rms_norm_int8(x, torch.empty_like(x), torch.empty(4096), 1e-5, layouts)
-    return compiled["_rms_norm_kernel"]
-
-
-def compile_rope_kv(kv: str, arch: int = 90):
-    """RoPE + KV write as ``rope_and_write_kv`` launches it for 64 Llama-3-8B tokens (32 / 8
-    heads of 128, bf16) into a bf16 cache, an FP8 cache with per-token scales ("fp8") or one
-    with per-head scales ("fp8-head": zero block and slot strides)."""
-    import shared.kernels.rope_kv as rope_kv
-
-    with _compile_only(arch, rope_kv) as compiled:
-        t, n_kv, hd = 64, 8, 128
-        qkv = torch.empty(t, 48 * hd, dtype=torch.bfloat16)
-        q, k, v = qkv[:, : 32 * hd], qkv[:, 32 * hd : 40 * hd], qkv[:, 40 * hd :]
-        q, k, v = q.view(t, 32, hd), k.view(t, n_kv, hd), v.view(t, n_kv, hd)
-        dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
-        cache = torch.empty(128, 16, n_kv, hd, dtype=dtype)
-        scales = {
-            "bf16": None,
-            "fp8": torch.empty(128, 16, n_kv),
-            "fp8-head": torch.empty(n_kv).expand(128, 16, n_kv),
-        }[kv]
-        pos = torch.arange(t)
-        rope_kv.rope_and_write_kv(
-            q, k, v, pos, cache, torch.empty_like(cache), pos, hd, 5e5, True,
-            k_scale_cache=scales, v_scale_cache=scales,
-        )  # fmt: skip
-    return compiled["_rope_write_kv_kernel"]
 
 
 def _report(what: str, compile_fn, check: bool, arch: int, stats) -> bool:

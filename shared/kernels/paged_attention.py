@@ -41,6 +41,7 @@ from shared.kernels.paged_attention_jit import (
     _paged_attention_kernel,
 )
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for
+from shared.ops.paged_attention_fp8 import fixed_scales
 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8)
 _Q_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -234,7 +235,7 @@ def paged_attention(
     ks_strides = k_scale.stride() if kv_fp8 else (0, 0, 0)
     vs_strides = v_scale.stride() if kv_fp8 else (0, 0, 0)
     # one scale per KV head (KVPool(scales="head")): applied once a program, not once a key
-    head_scales = kv_fp8 and ks_strides[:2] == (0, 0) and vs_strides[:2] == (0, 0)
+    head_scales = kv_fp8 and fixed_scales(k_scale) and fixed_scales(v_scale)
 
     if num_splits > 1:
         part_acc = torch.empty(

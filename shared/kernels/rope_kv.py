@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
+from shared.ops.paged_attention_fp8 import fixed_scales
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FP8_DTYPE = torch.float8_e4m3fn
@@ -331,7 +332,7 @@ def rope_and_write_kv(
         n_heads, n_kv_heads, k_cache.shape[1], float(scale), -2.0 * math.log2(base) / rope_dim,
         HEAD_DIM=head_dim, ROPE_DIM=rope_dim, NEOX=bool(neox),
         HAS_FREQ_FACTORS=freq_factors is not None, FP8=fp8, FP8_MAX=_FP8_MAX,
-        FIXED_SCALES=fp8 and scale_strides[:2] == (0, 0),
+        FIXED_SCALES=fp8 and fixed_scales(k_scale_cache),
         BH=bh, BLOCK_PAIRS=triton.next_power_of_2(rope_dim // 2),
         BLOCK_PASS=triton.next_power_of_2(max(head_dim - rope_dim, 1)), BLOCK_D=block_d,
         PDL=early, num_warps=4, **launch_kw(early),

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-FP8 = torch.float8_e4m3fn
+from shared.ops.paged_attention_fp8 import FP8
+
 SCALE_MODES = ("token", "head")  # an FP8 cache's scales: per (token, KV head), or per KV head
 
 

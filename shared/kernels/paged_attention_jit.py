@@ -8,7 +8,10 @@ import triton.language as tl
 
 from shared.kernels.gdc import launch_next, wait_prev
 from shared.kernels.qmatmul.int8_activations import round_blocks
-from shared.kernels.rounding import fp16_range, to_dtype
+from shared.kernels.rounding import FP16_MAX, fp16_range, to_dtype
+
+# per-token FP8 scales: the probabilities are multiplied by V's scale times this (see _attend_tile)
+V_LIFT = tl.constexpr(256.0)
 
 
 @triton.jit
@@ -124,13 +127,12 @@ def _attend_tile(
     v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
     v = _load_kv(v_ptr + v_off, key_ok[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     if TOKEN_SCALES:
+        # V's per-token scale goes into the probabilities, p @ (v * s) = (p * s) @ v: one
+        # multiply a score and one rounding, where scaling V took a multiply, a clamp and two
+        # conversions a value and rounded twice. V_LIFT (a power of two, divided out of the sums
+        # once a program) keeps p * s, s = amax / 448, inside fp16's normal range.
         vs = tl.load(v_scale_ptr + block * stride_vs_b + slot * stride_vs_t, mask=key_ok, other=0)
-        if q.shape[0] < BLOCK_D:
-            # fewer score rows than head dims (decode): V's per-token scale goes into the
-            # probabilities, p @ (v * s) = (p * s) @ v, one multiply per score, not per value
-            p = p * vs.to(tl.float32)[None, :]
-        else:
-            v = fp16_range(v.to(tl.float32) * vs.to(tl.float32)[:, None]).to(q.dtype)
+        p = p * tl.minimum(vs.to(tl.float32) * V_LIFT, FP16_MAX)[None, :]  # p <= 1: in range
     p = to_dtype(p, q.dtype, INTERPRETED)
     v = to_dtype(v, q.dtype, INTERPRETED)
     acc = _dot(p, v, acc * alpha[:, None], DOT_PRECISION, INTERPRETED)
@@ -286,6 +288,8 @@ def _paged_attention_kernel(
 
     if HEAD_SCALES:
         acc = acc * tl.load(vs_ptr).to(tl.float32)
+    elif KV_FP8:
+        acc = acc * (1.0 / V_LIFT)  # exact: a power of two
     # one slice (no split-K, or a dynamic count of 1): the result goes straight to out
     to_parts = False
     if USE_SPLITS:

@@ -37,13 +37,24 @@ from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
 from shared.kernels.qmatmul.split_tickets import finish_rows, round_gated
 
-__all__ = ["CACHE_HINTS", "ROWS_TYPES", "gemv_int8_rows_kernel", "launch_int8_rows", "maxnreg"]
+__all__ = [
+    "CACHE_HINTS",
+    "DEFAULT_CACHE",
+    "ROWS_TYPES",
+    "gemv_int8_rows_kernel",
+    "launch_int8_rows",
+    "maxnreg",
+]
 
 ROWS = tl.constexpr(_ROWS)
 # config key CACHE: how the weight words are loaded, (cache modifier, eviction policy). Each word
 # is read once: 1 marks it first to leave L1 and L2, 2 keeps it out of L1 (".cg"; ptxas refuses
-# the two together). Opt-in, not measured on a GPU yet; 0 (plain loads) is every shipped config.
+# the two together), 0 plain loads.
 CACHE_HINTS = {0: ("", ""), 1: ("", "evict_first"), 2: (".cg", "")}
+# a config without CACHE: evict-first. H200, W1 Q4_K_M timed in decode steps (tools.tune_decode,
+# BENCHMARKS.md 2026-12-01 (z)): 418.2 tok/s with plain loads, 430.0 with evict-first on the
+# gate/up and both down shapes; no shape lost beyond the noise (0.3 %). ".cg" was never ahead.
+DEFAULT_CACHE = 1
 
 
 def maxnreg(qtype: int) -> int | None:
@@ -362,7 +373,7 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
     oq, od, os_, out_w, out_g = out_int8 if out_int8 else (xq, xd, xs, 0, 8)
     warps = cfg.get("num_warps", 4)
-    cm, ep = CACHE_HINTS[cfg.get("CACHE", 0)]
+    cm, ep = CACHE_HINTS[cfg.get("CACHE", DEFAULT_CACHE)]
     early = pdl(x.device, gemv_int8_rows_kernel)
     gemv_int8_rows_kernel[grid](
         x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, pw.shape[0], n_chunks, per_split,

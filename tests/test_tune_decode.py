@@ -49,6 +49,7 @@ def test_rows_trials_sweep_the_split_then_the_tiles() -> None:
     assert sorted((t["CACHE"], t["SPLIT_K"], t["num_warps"]) for t in hinted) == [
         (0, 4, 4),
         (2, 4, 4),
+        (3, 4, 4),
     ]
     trials = [t for t in trials if t not in hinted]
     default_tile = [t for t in trials if (t["num_warps"], t["PREFETCH"], t["QX"]) == (4, 0, 0)]

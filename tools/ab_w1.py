@@ -13,7 +13,8 @@ in the RMSNorm, ``SKIFF_NORM_ROUNDING=0``); ``norm-whole`` (the rounding norm in
 ``combine-off`` (the attention's combine pass rounds nothing); ``gated-off`` (the gated GEMV
 rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each);
 ``attn-64`` (decode attention in 64-key tiles of 4 warps at every context, as before (y));
-``cache-0`` (the rows GEMV's weight loads without the evict-first hint, as before (z)).
+``cache-0`` (the rows GEMV's weight loads without the evict-first hint, as before (z));
+``cache-3`` (evict-first on the rows GEMV's scale loads too).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "combine-off": (_off("shared.kernels.paged_attention", "_rounds_heads", lambda h, w: False),),
     "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
     "cache-0": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 0),),
+    "cache-3": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 3),),
     "attn-64": (
         _off("shared.kernels.attention_plan", "decode_tile_keys", _tile_keys_64),
         _off("shared.kernels.paged_attention", "decode_tile_keys", _tile_keys_64),

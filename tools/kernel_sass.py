@@ -105,8 +105,10 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         consts = {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}
         # with the activation: its outputs also rounded for the next GEMV (round_gated)
         consts |= {"OUT_W": 32 if act else 0, "OUT_G": 8}
-        # the weight words' cache hints (config CACHE): evict-first for gemv-r8e, .cg for r8c
-        consts["CM"], consts["EP"] = ir.CACHE_HINTS[{"gemv-r8e": 1, "gemv-r8c": 2}.get(kind, 0)]
+        # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
+        # (the default) and r8s (scales too), .cg for r8c
+        hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3}.get(kind, 0)
+        consts["CM"], consts["EP"], consts["SEP"] = ir.CACHE_HINTS[hint]
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemm-i8":  # int8 codes and activations on the tensor cores (packed_gemm8)
         g8 = importlib.import_module("shared.kernels.qmatmul.packed_gemm8")
@@ -265,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
              ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8e", 1, 4), ("gemv-r8c", 1, 4),
+             ("gemv-r8s", 1, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
              ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4))  # fmt: skip
@@ -292,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                 "gemv-r8q": 128,
                 "gemv-r8e": 128,
                 "gemv-r8c": 128,
+                "gemv-r8s": 128,
             }.get(kind.removesuffix("-act"), 32)
             weights = rows * CHUNK[qtype] / (warps * 32)
             if kind == "gemv-i8t":  # no chunk loop: the whole kernel, 16 rows x half of K

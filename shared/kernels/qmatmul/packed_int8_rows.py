@@ -47,10 +47,16 @@ __all__ = [
 ]
 
 ROWS = tl.constexpr(_ROWS)
-# config key CACHE: how the weight words are loaded, (cache modifier, eviction policy). Each word
-# is read once: 1 marks it first to leave L1 and L2, 2 keeps it out of L1 (".cg"; ptxas refuses
-# the two together), 0 plain loads.
-CACHE_HINTS = {0: ("", ""), 1: ("", "evict_first"), 2: (".cg", "")}
+# config key CACHE: how the weights are loaded, (the words' cache modifier, their eviction policy,
+# the scale words' eviction policy). Each is read once: 1 marks the words first to leave L1 and
+# L2, 3 the scales too, 2 keeps the words out of L1 (".cg"; ptxas refuses it with a policy), 0
+# plain loads.
+CACHE_HINTS = {
+    0: ("", "", ""),
+    1: ("", "evict_first", ""),
+    2: (".cg", "", ""),
+    3: ("", "evict_first", "evict_first"),
+}
 # a config without CACHE: evict-first. H200, W1 Q4_K_M timed in decode steps (tools.tune_decode,
 # BENCHMARKS.md 2026-12-01 (z)): 418.2 tok/s with plain loads, 430.0 with evict-first on the
 # gate/up and both down shapes; no shape lost beyond the noise (0.3 %). ".cg" was never ahead.
@@ -75,47 +81,48 @@ def maxnreg(qtype: int) -> int | None:
 
 
 @triton.jit
-def _unit_words(ptr, tile, stride, c, r, U: tl.constexpr):
+def _unit_words(ptr, tile, stride, c, r, U: tl.constexpr, EP: tl.constexpr = ""):
     """The unit of chunk c ([1, KW]) of rows r ([32, 1]) in an interleaved plane of U 64-bit
     words a unit: (word 0, word 1) as int64 ([32, KW] each; word 1 = word 0 when U is 1)."""
     base = ptr.to(tl.pointer_type(tl.int64)) + tile * ROWS * stride
     at = (c * ROWS + r) * U
-    w0 = tl.load(base + at)
+    w0 = tl.load(base + at, eviction_policy=EP)
     w1 = w0
     if U == 2:
-        w1 = tl.load(base + at + 1)
+        w1 = tl.load(base + at + 1, eviction_policy=EP)
     return w0, w1
 
 
 @triton.jit
-def _per_row(ptr, tile, stride, e, r):
+def _per_row(ptr, tile, stride, e, r, EP: tl.constexpr = ""):
     """One fp16 entry a row: entry e ([1, KW]) of an interleaved unit-1 plane -> float32."""
-    return tl.load(ptr + tile * ROWS * stride + e * ROWS + r).to(tl.float32)
+    return tl.load(ptr + tile * ROWS * stride + e * ROWS + r, eviction_policy=EP).to(tl.float32)
 
 
 @triton.jit
 def _scales(QTYPE: tl.constexpr, HI: tl.constexpr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c, r,
-            stride_s, stride_d):  # fmt: skip
+            stride_s, stride_d, EP: tl.constexpr = ""):  # fmt: skip
     """Chunk c's scale words of the rows: (a0, a1, b0, b1, fa, fb) with weight
-    ``fa * a_j * q - fb * b_j`` for sub-block j (a_j, b_j taken out of the words by ``_pair``)."""
+    ``fa * a_j * q - fb * b_j`` for sub-block j (a_j, b_j taken out of the words by ``_pair``);
+    EP: their loads' eviction policy."""
     if QTYPE == Q8_0:  # four fp16 d: one 64-bit word
-        a0, a1 = _unit_words(d_ptr, tile, stride_s // 4, c, r, 1)
+        a0, a1 = _unit_words(d_ptr, tile, stride_s // 4, c, r, 1, EP)
         fa = tl.full(a0.shape, 1.0, dtype=tl.float32)
         return a0, a1, a0, a1, fa, fa * 0.0
     if QTYPE == Q6_K:  # eight int8 scales, d per 256 (every other chunk)
-        a0, a1 = _unit_words(sc_ptr, tile, stride_s // 8, c, r, 1)
-        d = _per_row(d_ptr, tile, stride_d, c // 2, r)
+        a0, a1 = _unit_words(sc_ptr, tile, stride_s // 8, c, r, 1, EP)
+        d = _per_row(d_ptr, tile, stride_d, c // 2, r, EP)
         return a0, a1, a0, a1, d, 32.0 * d
     if QTYPE >= Q4_K:  # eight scale bytes and eight min bytes, d and dmin per chunk
-        a0, a1 = _unit_words(sc_ptr, tile, stride_s // 8, c, r, 1)
-        b0, b1 = _unit_words(mn_ptr, tile, stride_s // 8, c, r, 1)
-        d = _per_row(d_ptr, tile, stride_d, c, r)
-        return a0, a1, b0, b1, d, _per_row(dmin_ptr, tile, stride_d, c, r)
+        a0, a1 = _unit_words(sc_ptr, tile, stride_s // 8, c, r, 1, EP)
+        b0, b1 = _unit_words(mn_ptr, tile, stride_s // 8, c, r, 1, EP)
+        d = _per_row(d_ptr, tile, stride_d, c, r, EP)
+        return a0, a1, b0, b1, d, _per_row(dmin_ptr, tile, stride_d, c, r, EP)
     # legacy: eight fp16 d (and m) a chunk of 256: two 64-bit words
-    a0, a1 = _unit_words(d_ptr, tile, stride_s // 4, c, r, 2)
+    a0, a1 = _unit_words(d_ptr, tile, stride_s // 4, c, r, 2, EP)
     one = tl.full(a0.shape, 1.0, dtype=tl.float32)
     if QTYPE % 2 == 1:
-        b0, b1 = _unit_words(mn_ptr, tile, stride_s // 4, c, r, 2)
+        b0, b1 = _unit_words(mn_ptr, tile, stride_s // 4, c, r, 2, EP)
         return a0, a1, b0, b1, one, -one
     if HI:
         return a0, a1, a0, a1, one, one * 16.0
@@ -139,11 +146,11 @@ def _pair(QTYPE: tl.constexpr, J: tl.constexpr, a0, a1, b0, b1):
 @triton.jit
 def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
           tile, cb, c1, stride_q, stride_s, stride_d, W: tl.constexpr, KW: tl.constexpr,
-          CM: tl.constexpr = "", EP: tl.constexpr = ""):  # fmt: skip
+          CM: tl.constexpr = "", EP: tl.constexpr = "", SEP: tl.constexpr = ""):  # fmt: skip
     """Every load of the chunks cb .. cb + KW - 1 (those below c1): the words [32, KW, NG, 4]
     (row r's four words of group g of chunk cb + k), the high entries [32, KW, NG] and the
     scale words (``_scales``, [32, KW] each). CM, EP: the words' and high entries' cache
-    modifier and eviction policy (``CACHE_HINTS``)."""
+    modifier and eviction policy, SEP the scale words' eviction policy (``CACHE_HINTS``)."""
     NG: tl.constexpr = W // 4
     r3 = tl.arange(0, ROWS)[:, None, None]
     # chunks past c1 read chunk c1 - 1 (in bounds, unmasked: no registers to clear first);
@@ -181,7 +188,8 @@ def _load(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, 
         hi = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
     c = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :]
     r = tl.arange(0, ROWS)[:, None]
-    meta = _scales(QTYPE, HI, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c, r, stride_s, stride_d)
+    meta = _scales(QTYPE, HI, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c, r, stride_s, stride_d,
+                   SEP)  # fmt: skip
     return words, hi, meta
 
 
@@ -314,6 +322,7 @@ def gemv_int8_rows_kernel(
     OUT_G: tl.constexpr = 8,  # OUT_G) for the next GEMV (split_tickets.round_gated)
     CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (CACHE_HINTS)
     EP: tl.constexpr = "",
+    SEP: tl.constexpr = "",  # the scale words' eviction policy
 ):  # fmt: skip
     launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
@@ -326,28 +335,28 @@ def gemv_int8_rows_kernel(
         cb = c0
         while cb < c1:
             cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
-                        stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
+                        stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, True)
             cb += KW
     elif not PREFETCH:
         # the first chunks' weights load while the previous kernel ends (PDL); the rest as a loop
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
-                    stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
+                    stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
         wait_prev(PDL)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
         for cb in range(c0 + KW, c1, KW):
             cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
-                        stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
+                        stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
     else:
         cur = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
-                    stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
+                    stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
         wait_prev(PDL)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)  # the first loads in flight
         for cb in range(c0, c1, KW):
             nxt = _load(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb + KW,
-                        c1, stride_q, stride_s, stride_d, W, KW, CM, EP)  # fmt: skip
+                        c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
             cur = nxt
     y = tl.sum(acc, axis=1)
@@ -373,11 +382,12 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
     oq, od, os_, out_w, out_g = out_int8 if out_int8 else (xq, xd, xs, 0, 8)
     warps = cfg.get("num_warps", 4)
-    cm, ep = CACHE_HINTS[cfg.get("CACHE", DEFAULT_CACHE)]
+    cm, ep, sep = CACHE_HINTS[cfg.get("CACHE", DEFAULT_CACHE)]
     early = pdl(x.device, gemv_int8_rows_kernel)
     gemv_int8_rows_kernel[grid](
         x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, pw.shape[0], n_chunks, per_split,
         *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")),
         QX=qx, ACT=act, PDL=early, INTERPRETED=interp, OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep,
+        SEP=sep,
         num_warps=warps, maxnreg=maxnreg(pw.qtype), **launch_kw(early),
     )  # fmt: skip

@@ -57,9 +57,9 @@ CACHE_HINTS = {
     2: (".cg", "", ""),
     3: ("", "evict_first", "evict_first"),
 }
-# a config without CACHE: evict-first. H200, W1 Q4_K_M timed in decode steps (tools.tune_decode,
-# BENCHMARKS.md 2026-12-01 (z)): 418.2 tok/s with plain loads, 430.0 with evict-first on the
-# gate/up and both down shapes; no shape lost beyond the noise (0.3 %). ".cg" was never ahead.
+# a config without CACHE: evict-first. H200 (BENCHMARKS.md 2026-12-01 (z)): no shape of Q4_K_M
+# lost with it beyond the noise (0.3 %) and ".cg" was never ahead (tools.tune_decode); W1 against
+# plain loads +4.2 % Q4_K_M, +1.7 % Q6_K and Q8_0; the scales evict-first too (3) within noise.
 DEFAULT_CACHE = 1
 
 

@@ -12,6 +12,7 @@ import torch
 import shared.engine.cuda_graphs as graphs
 import shared.kernels.norm as norm
 import shared.kernels.paged_attention as pa
+import shared.kernels.qmatmul.packed_int8_rows as rows
 import shared.model.linear as linear
 import tools.ab_w1 as ab
 from shared.model.weights import WeightLoader
@@ -28,6 +29,7 @@ def _state() -> tuple:
             pa.decode_tile_keys(128, torch.bfloat16, 1 << 15),
             graphs.decode_tile_keys(128, torch.bfloat16, 1 << 15),
         ),
+        rows.DEFAULT_CACHE,
     )
 
 
@@ -50,9 +52,15 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "gated-off": {3},
         "qkv-unfused": {4},
         "attn-64": {5},
+        "cache-0": {6},
+        "cache-3": {6},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")
         assert _state()[5] == (64, 64)
+    for name, hint in (("cache-0", 0), ("cache-3", 3)):
+        with ExitStack() as stack:
+            ab.enter_variant(stack, name)
+            assert hint == rows.DEFAULT_CACHE
     with pytest.raises(SystemExit, match="unknown variant"):
         ab.enter_variant(ExitStack(), "nope")

@@ -11,9 +11,8 @@ import torch
 
 from shared.kv import KVPool
 from shared.kv.kv_dtype import resolve_kv_dtype
+from shared.ops.paged_attention_fp8 import FP8
 from tests.oracle import skiff_logits
-
-FP8 = torch.float8_e4m3fn
 
 TEXT = (Path(__file__).parent / "fidelity_text.txt").read_text()
 

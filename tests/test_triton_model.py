@@ -16,6 +16,7 @@ from shared.engine.model_runner import ModelRunner
 from shared.kv import BlockManager, KVPool
 from shared.loader import GGUFFile
 from shared.model import ForwardBatch, SeqChunk, load_model
+from shared.ops.paged_attention_fp8 import FP8
 from shared.sampling import SamplingParams
 from tests.spies import record_results
 from tools.synthetic_gguf import SynthSpec, write_synthetic_gguf
@@ -36,7 +37,6 @@ SPECS = {
                         ffn_dim=128, vocab=320, sliding_window=8, seed=7),
 }  # fmt: skip
 BLOCK = 8
-FP8 = torch.float8_e4m3fn
 
 
 @pytest.fixture(scope="module", params=list(SPECS))

@@ -30,6 +30,7 @@ import sys
 import torch
 
 from shared.kernels.paged_attention import paged_attention
+from shared.kv.calibrate import head_scales
 from shared.ops.paged_attention_fp8 import FP8, quantize_kv_fp8
 
 # fp8: a scale per token and KV head; fp8-head: one per KV head (KVPool(scales="head"))
@@ -58,7 +59,7 @@ def make_cache(args: argparse.Namespace, seq_lens: list[int]) -> dict:
             kv[f"{name}_cache"] = values.view(shape)
             kv[f"{name}_scale"] = scales.view(shape[:3])
         elif args.dtype == "fp8-head":
-            per_head = x.float().abs().amax(dim=(0, 1, 3)) / 448
+            per_head = head_scales(x.flatten(0, 1), headroom=1.0)
             kv[f"{name}_cache"] = (x.float() / per_head[:, None]).to(FP8)
             kv[f"{name}_scale"] = per_head.expand(shape[:3])
         else:

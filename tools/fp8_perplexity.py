@@ -45,11 +45,12 @@ def compare(path: Path, windows: list[list[int]]) -> tuple[float, dict[str, tupl
         nxt = torch.tensor(ids[1:])
         rows = torch.arange(len(ids) - 1)
         base = log_probs(path, ids, kv_dtype=torch.float16)
+        p_base = base.exp()
         nll["fp16"] -= float(base[rows, nxt].sum())
         for mode, kv in MODES.items():
             lp = log_probs(path, ids, **kv)
             nll[mode] -= float(lp[rows, nxt].sum())
-            kl[mode] += float((base.exp() * (base - lp)).sum())
+            kl[mode] += float((p_base * (base - lp)).sum())
         n += len(ids) - 1
     out = {m: (math.exp((nll[m] - nll["fp16"]) / n) - 1, kl[m] / n) for m in MODES}
     return math.exp(nll["fp16"] / n), out

@@ -3,6 +3,8 @@ many SMs there are to fill, and how much shared memory a program may take."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
@@ -24,5 +26,12 @@ def max_shared_memory(device: torch.device | None) -> int:
     it); no limit off CUDA (the interpreter, the CPU) or without a device."""
     if device is None or device.type != "cuda":
         return 1 << 30
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _max_shared_memory(
+        device.index if device.index is not None else torch.cuda.current_device()
+    )
+
+
+@functools.cache
+def _max_shared_memory(index: int) -> int:
+    """A device fact, asked of the driver once (every eager decode launch wants it)."""
     return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]

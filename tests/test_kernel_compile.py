@@ -24,12 +24,13 @@ def test_packed_kernels_compile_for_sm90() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # paged attention (bf16 / FP8 cache with per-token / FP8 with per-head scales x decode at batch
-    # 16 and 1 / prefill / prefill with the split count read on the device), 10 types x 12 packed
-    # variants (two over row-interleaved planes), the int8 GEMVs of the 8 types that have them
-    # (per-thread rows, the one-tile variant, with the rounding in its prologue, and the GEMV over
-    # interleaved planes with and without it, gated with its outputs rounded for the next GEMV, and
-    # with each of the three cache hints, CACHE 1-3) and their int8 tensor-core GEMM (both layouts),
-    # and the fp16 GEMM (plain, gated, its activation conversion) of Q4_K and Q6_K; the fused add +
-    # RMSNorm rounding its row to int8 for no, one or two layouts (norm.add_rms_norm_int8); RoPE +
-    # KV write into a bf16 cache and FP8 caches with per-token and per-head scales
-    assert done.stdout.count("compiled for sm_90") == 12 + 120 + 11 * 8 + 6 + 4 + 3
+    # 16 and 1 / prefill / prefill with the split count read on the device), 10 types x 15 packed
+    # variants (three over row-interleaved planes; three are the weights-first GEMM's), the int8
+    # GEMVs of the 8 types that have them (per-thread rows, the one-tile variant, with the rounding
+    # in its prologue, and the GEMV over interleaved planes with and without it, gated with its
+    # outputs rounded for the next GEMV, and with each of the three cache hints, CACHE 1-3) and
+    # their int8 tensor-core GEMM (both layouts), and the fp16 GEMM (plain, gated, its activation
+    # conversion) of Q4_K and Q6_K; the fused add + RMSNorm rounding its row to int8 for no, one or
+    # two layouts (norm.add_rms_norm_int8); RoPE + KV write into a bf16 cache and FP8 caches with
+    # per-token and per-head scales
+    assert done.stdout.count("compiled for sm_90") == 12 + 150 + 11 * 8 + 6 + 4 + 3

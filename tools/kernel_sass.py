@@ -128,6 +128,11 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         tiles = {"QTYPE": int(pw.qtype), "W": WORDS[pw.qtype], "BLOCK_M": min(m, 64)}
         tiles |= {"BLOCK_N": 32, "ACT": act, "R32": False, "SWAP": False}
         return g16._gemm16_kernel, args, {**tiles, "INTERPRETED": False}
+    if kind == "gemm-first":  # the weights as the dot's first operand (packed_gemm_first)
+        gf = importlib.import_module("shared.kernels.qmatmul.packed_gemm_first")
+        args = [x, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
+        tiles = {"BLOCK_M": min(m, 64), "BLOCK_N": 64, "ACT": act, "R32": r32}
+        return gf._gemm_first_kernel, args, {**fields, **tiles}
     if kind == "x16":  # packed_gemm16's activation conversion (one row-chunk a program)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
         xh = torch.empty(m, k, dtype=torch.float16)
@@ -145,7 +150,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
 def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: int = 4):
     """kind: gemv, gemv-f (factored), gemv-i8 (int8 activations; gemv-i8q: rounding them in
     its prologue), gemv-i8t (its one-tile variant: no loop, so its count is the whole kernel),
-    gemm or gemm-w (one dot a chunk; M rows, BLOCK_M = min(M, 64)), gemm-16 (fp16 weights,
+    gemm or gemm-w (one dot a chunk; M rows, BLOCK_M = min(M, 64)), gemm-first (the weights as
+    the dot's first operand, 64-row tiles), gemm-16 (fp16 weights,
     Q4_K / Q6_K) and x16 (its activation conversion) or dequant; "-act" adds the gated SiLU
     epilogue."""
     pw = _weight(qtype, 4096, 4096)
@@ -270,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
              ("gemv-r8s", 1, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
-             ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4))  # fmt: skip
+             ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4),
+             ("gemm-first", 16, 4), ("gemm-first-r32", 64, 4),
+             ("gemm-first-act", 64, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
             if kind.startswith(("gemv-i8", "gemv-r8", "gemm-i8")) and qtype not in INT8_TYPES:
@@ -296,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
                 "gemv-r8e": 128,
                 "gemv-r8c": 128,
                 "gemv-r8s": 128,
+                "gemm-first": 64,
+                "gemm-first-r32": 64,
             }.get(kind.removesuffix("-act"), 32)
             weights = rows * CHUNK[qtype] / (warps * 32)
             if kind == "gemv-i8t":  # no chunk loop: the whole kernel, 16 rows x half of K

@@ -42,6 +42,7 @@ from shared.kernels.qmatmul.packed_gemm import (
 )
 from shared.kernels.qmatmul.packed_gemm8 import I8_TYPES, launch_gemm8
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES, launch_gemm16
+from shared.kernels.qmatmul.packed_gemm_first import launch_gemm_first
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
 from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows
@@ -164,17 +165,18 @@ def packed_matmul(
     gate of output i, 2i + 1 its up) and the result is ``act(gate) * up``, ``[M, N / 2]``,
     computed from the float32 accumulators in the kernel's epilogue (no [M, N] intermediate).
 
-    config overrides the tiling. M = 1: ``BLOCK_N``, ``num_warps``, ``SPLIT_K`` and ``UNROLL``
-    (1: each program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV
-    of ``packed_gemv``) or ``INT8`` (1: int8 activations and dp4a, ``packed_int8``; types
-    outside ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row, or ``TILE`` 1: a
-    program's rows and ``CH`` chunks (default 8; the split follows) as one coalesced tile,
-    ``packed_int8_tile``). M > 1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``,
-    ``SPLIT_K`` and ``WIDE`` (one dot a chunk) or ``F16`` (Q4_K, Q6_K: the weights formed in
-    fp16, ``packed_gemm16``) or ``I8`` (int8 codes and activations on the tensor cores, within
-    the activations' int8 rounding: ``packed_gemm8``), or ``DEQUANT`` (1: a dense copy of the
-    weight in x's dtype, then torch's matmul). An absent ``SPLIT_K`` splits K when the tiles
-    leave SMs idle. ``dense``: that copy made once and kept (``[N, K]`` in x's dtype):
+    config overrides the tiling. M = 1: ``BLOCK_N``, ``num_warps``, ``SPLIT_K`` and ``UNROLL`` (1:
+    each program's chunk loop unrolled at compile time) or ``FACTOR`` (1: the factored GEMV of
+    ``packed_gemv``) or ``INT8`` (1: int8 activations and dp4a, ``packed_int8``; types outside
+    ``INT8_TYPES`` take the float GEMV; ``TPR`` threads a row, or ``TILE`` 1: a program's rows and
+    ``CH`` chunks (default 8; the split follows) as one coalesced tile, ``packed_int8_tile``). M >
+    1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a
+    chunk) or ``FIRST`` (16-bit x: the weights as the dot's first operand, a field a dot,
+    ``packed_gemm_first``) or ``F16`` (Q4_K, Q6_K: the weights formed in fp16, ``packed_gemm16``) or
+    ``I8`` (int8 codes and activations on the tensor cores, within the activations' int8 rounding:
+    ``packed_gemm8``), or ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then torch's
+    matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made
+    once and kept (``[N, K]`` in x's dtype):
     ``DEQUANT`` multiplies by it instead of dequantizing each call. ``int8``: for the rows
     GEMV (interleaved planes, M = 1), x already rounded to int8 for pw's layout (xq, xd, xs as
     ``int8_activations.prepare_int8`` returns them); ignored by every other path.
@@ -256,6 +258,9 @@ def packed_matmul(
     if cfg.get("F16") and pw.qtype in F16_TYPES:  # fp16 weights in registers (packed_gemm16)
         launch_gemm16(x, pw, out, cfg, interp, act)
         return out
+    if cfg.get("FIRST") and x.dtype in (torch.float16, torch.bfloat16):  # packed_gemm_first
+        launch_gemm_first(x, pw, out, cfg, interp, act)
+        return out
     try:
         launch_gemm(x, pw, out, cfg, interp, act)
     except triton.runtime.errors.OutOfResources:
@@ -326,12 +331,15 @@ def default_config(
     Sweep (k) replaced WIDE by the fp16-formed weights (F16) where they won: Q6_K at 16 rows
     (all four 8B shapes, 1.06-1.18x) and 64 rows (three of four, up to 1.25x), Q4_K at 64 rows
     (all four, 1.02-1.18x); Q6_K's 2-15 rows, not swept, take the 16-row choice. F16 only for
-    16-bit activations (float32 ones would be rounded to fp16)."""
+    16-bit activations (float32 ones would be rounded to fp16). Sweep (aa) gave Q4_K and Q8_0
+    at 2-64 rows to the weights-first GEMM (FIRST, ``first_config``)."""
     half = dtype in (torch.float16, torch.bfloat16)
     q4_k, q6_k = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
     if m == 1:
         split = auto_split(triton.cdiv(n, block_n), device, per_sm=4, most=8)
         return {"BLOCK_N": block_n, "SPLIT_K": split, "num_warps": 4}
+    if half and m <= 64 and qtype in FIRST_TYPES and n >= FIRST_ROWS:
+        return first_config(m, n, device, qtype)
     if m <= 16:
         if half and qtype == q6_k:
             return {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "F16": 1}
@@ -346,3 +354,27 @@ def default_config(
         return {"DEQUANT": 1}
     # 3 stages of 128 x 128 tiles exceed the H200's 227 KiB of shared memory for some types
     return {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 2}
+
+
+# the types the weights-first GEMM is the default for at 2-64 rows (16-bit activations, at
+# least FIRST_ROWS weight rows): it beat the other packed GEMMs on the H200's Llama-3-8B shapes
+# from 4096 rows up (BENCHMARKS.md (aa)), and lost at 1024 x 4096; for Q6_K the fp16 GEMM stayed
+# faster. Other types were not measured.
+FIRST_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0})
+FIRST_ROWS = 4096
+
+
+def first_config(m: int, n: int, device: torch.device, qtype: int) -> dict[str, int]:
+    """The weights-first GEMM's tiles (sweep (aa), 16 and 64 rows): 64 weight rows and 4 warps
+    a program with K split until about four programs an SM (at most 4 splits); at 17-64 rows,
+    where 128-row programs of 8 warps alone give one an SM or more (28672 x 4096), those
+    unsplit.
+    Q8_0's 128-element chunks take 3 stages where Q4_K's 256-element ones fit 2."""
+    sms = num_sms(device) if device.type == "cuda" else 132
+    stages = 3 if m <= 16 or qtype == GGMLQuantizationType.Q8_0 else 2
+    if m > 16 and triton.cdiv(n, 128) >= sms:
+        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 8, "num_stages": stages,
+                "SPLIT_K": 1, "FIRST": 1}  # fmt: skip
+    split = min(4, triton.cdiv(4 * sms, triton.cdiv(n, 64)))
+    return {"BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": 64, "num_warps": 4,
+            "num_stages": stages, "SPLIT_K": split, "FIRST": 1}  # fmt: skip

@@ -152,10 +152,18 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
     # fp16-formed weights (packed_gemm16), the weight tile first in the dot (SWAP) at <= 16 rows
     swap = {"F16": 1, "SWAP": 1, "num_stages": 3}
     f16_small = [(64, 4, swap), (128, 8, swap)] if pw.qtype in F16_TYPES else []
+    # the weights-first GEMM (packed_gemm_first; 16-bit activations, else the plain tiles)
+    first = [(64, 4, {"FIRST": 1}), (128, 8, {"FIRST": 1})]
     if m <= 16:
         return [
             {"BLOCK_M": 16, "BLOCK_N": b, "num_warps": w, "num_stages": 2, "SPLIT_K": s, **wide}
-            for b, w, wide in ((32, 4, {}), (64, 4, {}), (32, 4, {"WIDE": 1}), *f16_small)
+            for b, w, wide in (
+                (32, 4, {}),
+                (64, 4, {}),
+                (32, 4, {"WIDE": 1}),
+                *f16_small,
+                *first,
+            )
             for s in (1, 2, 4, 8)
         ]
     if m <= 64:
@@ -166,7 +174,7 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
             {"BLOCK_M": 64, "BLOCK_N": b, "num_warps": w, "num_stages": 3, "SPLIT_K": s, **wide}
             for b, w, wide in (
                 (32, 4, {}), (64, 4, {}), (64, 8, {}), (32, 4, {"WIDE": 1}),
-                *(f16 if pw.qtype in F16_TYPES else ()),
+                *(f16 if pw.qtype in F16_TYPES else ()), *first,
             )
             for s in (1, 2, 4, 8)
         ]  # fmt: skip

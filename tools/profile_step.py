@@ -1,6 +1,7 @@
 """Where a decode step's time goes: C sequences decoding together through the engine (no HTTP).
 
     python -m tools.profile_step MODEL.gguf [--concurrency 64] [--prompt 512] [--steps 20]
+        [--dense-copies auto|on|off]
 
 Builds the engine as the server does (CUDA graphs, paged KV), admits C random prompts, steps
 until every sequence decodes, then times `--steps` decode-only steps by wall clock and
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rows", type=int, default=18)
     p.add_argument("--device", default="cuda:0")
+    p.add_argument("--dense-copies", default="auto", choices=["auto", "on", "off"])
     a = p.parse_args(argv)
     from shared.engine import Sequence
     from shared.engine.factory import EngineConfig, build_engine
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             model_path=str(a.model), device=a.device, dtype="bfloat16",
             max_model_len=a.prompt + 1024, kv_blocks=(c + 1) * (a.prompt + 1024) // 16 + 64,
             max_batch_tokens=max(2048, a.prompt), prefix_caching=False, max_seqs=c + 1,
+            dense_copies=a.dense_copies,
         )
     )  # fmt: skip
     engine, vocab = loaded.engine, loaded.tokenizer.vocab_size

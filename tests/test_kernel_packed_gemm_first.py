@@ -64,6 +64,16 @@ def test_split_k_fp16_and_a_second_row_tile(qtype: T, split: int) -> None:
 
 
 @needs_kernels
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q6_K, T.Q2_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("fj", [2, 4])
+def test_fields_joined_along_k(qtype: T, fj: int) -> None:
+    """FJ adjacent fields as one dot of K = FJ * W: the same products."""
+    pw, x, want, size = _case(qtype, 80, 512, 5, seed=fj, rows32=True)
+    cfg = {**CFG, "SPLIT_K": 2, "FJ": fj}
+    _close(packed_matmul(x, pw, torch.float32, config=cfg), want, size)
+
+
+@needs_kernels
 @pytest.mark.parametrize(("act", "fn"), [(1, silu_mul), (2, gelu_mul)], ids=["silu", "gelu"])
 @pytest.mark.parametrize("split", [1, 2])
 def test_gated_epilogue(act: int, fn, split: int) -> None:
@@ -98,8 +108,9 @@ def test_default_config_takes_it_where_it_won() -> None:
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0, T.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("shape", [(4096, 4096), (28672, 4096), (4096, 14336)], ids=str)
 @pytest.mark.parametrize("m", [16, 64])
-def test_llama3_shapes_default_tiles(qtype: T, shape: tuple[int, int], m: int) -> None:
+@pytest.mark.parametrize("fj", [1, 2])
+def test_llama3_shapes_default_tiles(qtype: T, shape: tuple[int, int], m: int, fj: int) -> None:
     n, k = shape
     pw, x, want, size = _case(qtype, n, k, m, seed=n + m, rows32=True)
-    cfg = {**default_config(m, n, k, x.device, T.Q4_K), "FIRST": 1}  # FIRST's tiles, any type
+    cfg = {**default_config(m, n, k, x.device, T.Q4_K), "FIRST": 1, "FJ": fj}  # any type
     _close(packed_matmul(x, pw, torch.float32, config=cfg), want, size)

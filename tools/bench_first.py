@@ -1,13 +1,14 @@
 """The weights-first decode-batch GEMM (``packed_gemm_first``) against what the engine runs for
 the same shape and against cuBLAS on a bf16 copy, at decode batch sizes.
 
-    python -m tools.bench_first [--types Q4_K Q6_K Q8_0] [--m 16 64] [--sweep]
+    python -m tools.bench_first [--types Q4_K Q6_K Q8_0] [--m 16 64] [--sweep] [--fj 2 4]
 
 Per type, Llama-3-8B shape and M it prints µs per call, replayed from a CUDA graph with the
 weight cold in L2 (``timing``): cuBLAS on bf16 copies (what batches of more than 16 rows run
 where the engine keeps dense copies), the engine's config for a packed weight without them (the
 shipped table's entry, else ``default_config``), and ``first_config``'s tiles. ``--sweep`` also
-times the weights-first GEMM over tile sizes, stages and split counts. Every weights-first
+times the weights-first GEMM over tile sizes, stages and split counts, ``--fj`` with that many
+fields a dot. Every weights-first
 result is checked against ``x @ unpack(pw).T`` first. Weights are row-interleaved, as CUDA layers
 of the int8 types keep them.
 """
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K", "Q8_0"])
     p.add_argument("--m", nargs="+", type=int, default=[16, 64])
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--fj", nargs="*", type=int, default=[], help="also first_config with FJ")
     args = p.parse_args(argv)
     device = torch.device("cuda")
     tuner = Tuner(device)
@@ -74,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{name} {n}x{k} m={m}: cuBLAS on copy {cublas:7.1f}  engine {engine:7.1f} "
                       f"{engine_cfg}  first_config {first:7.1f} ({gbs:.0f} GB/s) "
                       f"{first_cfg}", flush=True)  # fmt: skip
+                for fj in args.fj:
+                    us = _checked_us(x, pw, copies, {**first_cfg, "FJ": fj})
+                    print(f"    FJ={fj}: {us:7.1f}", flush=True)
                 if not args.sweep:
                     continue
                 cells = []

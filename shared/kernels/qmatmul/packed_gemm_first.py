@@ -41,26 +41,48 @@ __all__ = ["launch_gemm_first"]
 
 
 @triton.jit
+def _dot_first(acc, val, xj, INTERPRETED: tl.constexpr):
+    if INTERPRETED:  # its 16-bit dots multiply bit patterns: the rounded values in float32
+        wr = to_dtype(val, xj.dtype, INTERPRETED).to(tl.float32)
+        return tl.dot(wr, xj.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(val.to(xj.dtype), xj, acc)
+
+
+@triton.jit
 def _chunk_first(
     acc, c, x_cols, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask,
     stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
-    R32: tl.constexpr, INTERPRETED: tl.constexpr,
+    R32: tl.constexpr, INTERPRETED: tl.constexpr, FJ: tl.constexpr,
 ):  # fmt: skip
-    """acc [BLOCK_N, BLOCK_M] plus chunk c's products, one dot a field."""
+    """acc [BLOCK_N, BLOCK_M] plus chunk c's products, one dot a field or, with FJ 2 or 4, one
+    dot of FJ adjacent fields joined along K (their words are the same, so each thread already
+    holds the joined operand's values: no data moves, offline; fewer waits, more registers)."""
     w, wh, h = load_chunk(R32, HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     s0, s1, m0, m1, d, dmin = load_meta(
         R32, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
     )
-    for j in tl.static_range(G):
-        # the magic (packed_chunk.MAGIC) as an immediate, as packed_gemm passes it
-        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
-        xj = tl.load(x_cols + c * (W * G) + j * W, mask=mmask[None, :], other=0.0)  # [W, BM]
-        if INTERPRETED:  # its 16-bit dots multiply bit patterns: the rounded values in float32
-            wr = to_dtype(val, xj.dtype, INTERPRETED).to(tl.float32)
-            acc = tl.dot(wr, xj.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(val.to(xj.dtype), xj, acc)
+    if FJ == 1:
+        for j in tl.static_range(G):
+            # the magic (packed_chunk.MAGIC) as an immediate, as packed_gemm passes it
+            val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+            cols = c * (W * G) + j * W + tl.arange(0, W)
+            xj = tl.load(x_cols + cols[:, None], mask=mmask[None, :], other=0.0)  # [W, BM]
+            acc = _dot_first(acc, val, xj, INTERPRETED)
+    else:
+        for j in tl.static_range(0, G, FJ):
+            a = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+            b = group(QTYPE, HI, j + 1, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+            if FJ == 2:
+                t = tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (w.shape[0], 2 * W))
+            else:
+                e = group(QTYPE, HI, j + 2, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+                f = group(QTYPE, HI, j + 3, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+                t = tl.join(tl.join(a, b), tl.join(e, f))
+                t = tl.reshape(tl.permute(t, (0, 3, 2, 1)), (w.shape[0], 4 * W))
+            cols = c * (W * G) + j * W + tl.arange(0, FJ * W)
+            xj = tl.load(x_cols + cols[:, None], mask=mmask[None, :], other=0.0)
+            acc = _dot_first(acc, t, xj, INTERPRETED)
     return acc
 
 
@@ -79,24 +101,24 @@ def _gemm_first_kernel(
     R32: tl.constexpr,  # row-interleaved planes (packed_rows)
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up
     INTERPRETED: tl.constexpr,
+    FJ: tl.constexpr = 1,  # fields a dot (1, 2 or 4; at most G)
 ):  # fmt: skip
     rows_m, rows, mmask, nmask, c0, c1 = gemm_tile(M, N, n_chunks, per_split, BLOCK_M, BLOCK_N)
-    i = tl.arange(0, W)
-    x_cols = x_ptr + rows_m[None, :] * stride_xm + i[:, None]  # a field's activations, [W, BM]
+    x_cols = x_ptr + rows_m[None, :] * stride_xm  # the rows' starts, [1, BM]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         c = c0
         while c < c1:
             acc = _chunk_first(
                 acc, c, x_cols, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, R32, INTERPRETED,
+                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, R32, INTERPRETED, FJ,
             )  # fmt: skip
             c += 1
     else:  # a for loop: Triton pipelines its loads (cp.async stages), not a while loop's
         for c in range(c0, c1):
             acc = _chunk_first(
                 acc, c, x_cols, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, R32, INTERPRETED,
+                nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, R32, INTERPRETED, FJ,
             )  # fmt: skip
     store_tile(
         out_ptr, tl.trans(acc), rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N, ACT
@@ -107,14 +129,14 @@ def launch_gemm_first(x, pw: PackedWeight, out, cfg, interp, act: int = 0) -> No
     """out = x @ unpack(pw).T ([M, N]), or with act the gated activation of its interleaved
     gate/up columns ([M, N / 2]); x in fp16 or bf16. cfg: BLOCK_M, BLOCK_N (64 or more: a
     wgmma's rows), num_warps, num_stages, SPLIT_K (absent: split when the tiles leave SMs
-    idle)."""
+    idle), FJ (fields a dot, default 1)."""
 
     def launch(grid, target, n_chunks, per_split, epilogue):
         _gemm_first_kernel[grid](
             x, *planes(pw), target, out.shape[0], pw.shape[0], n_chunks, per_split,
             x.stride(0), target.stride(-2), out.shape[0] * pw.shape[0], *strides(pw),
             **fields(pw), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], R32=pw.rows32,
-            ACT=epilogue, INTERPRETED=interp,
+            ACT=epilogue, INTERPRETED=interp, FJ=cfg.get("FJ", 1),
             num_warps=cfg.get("num_warps", 4), num_stages=cfg.get("num_stages", 2),
         )  # fmt: skip
 

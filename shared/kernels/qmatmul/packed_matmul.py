@@ -369,7 +369,9 @@ def first_config(m: int, n: int, device: torch.device, qtype: int) -> dict[str, 
     a program with K split until about four programs an SM (at most 4 splits); at 17-64 rows,
     where 128-row programs of 8 warps alone give one an SM or more (28672 x 4096), those
     unsplit.
-    Q8_0's 128-element chunks take 3 stages where Q4_K's 256-element ones fit 2."""
+    Q8_0's 128-element chunks take 3 stages where Q4_K's 256-element ones fit 2. The 64-row
+    tiles join fields along K (FJ: 4 at 2-16 rows, 2 at 17-64; sweep (aa), 3-16 % faster on
+    most shapes); the 128-row ones keep one a dot (FJ 2 took 1.4x as long there)."""
     sms = num_sms(device) if device.type == "cuda" else 132
     stages = 3 if m <= 16 or qtype == GGMLQuantizationType.Q8_0 else 2
     if m > 16 and triton.cdiv(n, 128) >= sms:
@@ -377,4 +379,5 @@ def first_config(m: int, n: int, device: torch.device, qtype: int) -> dict[str, 
                 "SPLIT_K": 1, "FIRST": 1}  # fmt: skip
     split = min(4, triton.cdiv(4 * sms, triton.cdiv(n, 64)))
     return {"BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": 64, "num_warps": 4,
-            "num_stages": stages, "SPLIT_K": split, "FIRST": 1}  # fmt: skip
+            "num_stages": stages, "SPLIT_K": split, "FIRST": 1,
+            "FJ": 4 if m <= 16 else 2}  # fmt: skip

@@ -98,9 +98,10 @@ def test_default_config_takes_it_where_it_won() -> None:
     for m in (1, 65, 512):
         assert "FIRST" not in default_config(m, 4096, 4096, cpu, T.Q4_K)
     big = default_config(64, 28672, 4096, torch.device("cpu"), T.Q4_K)
-    assert (big["BLOCK_N"], big["num_warps"], big["SPLIT_K"]) == (128, 8, 1)
+    assert (big["BLOCK_N"], big["num_warps"], big["SPLIT_K"], big.get("FJ", 1)) == (128, 8, 1, 1)
     small = default_config(16, 4096, 4096, cpu, T.Q8_0)
-    assert (small["BLOCK_M"], small["BLOCK_N"], small["SPLIT_K"]) == (16, 64, 4)
+    assert (small["BLOCK_M"], small["BLOCK_N"], small["SPLIT_K"], small["FJ"]) == (16, 64, 4, 4)
+    assert default_config(64, 6144, 4096, cpu, T.Q4_K)["FJ"] == 2
 
 
 @pytest.mark.gpu

@@ -12,7 +12,7 @@ layout. The formed weights never touch shared memory (sm_90: no STS or LDSM in t
 ``tools/kernel_sass``); only the activation tiles pass through it, staged by cp.async. One
 field is K = W (32 or 16) a dot.
 
-On the H200 (BENCHMARKS.md 2026-12-01 (aa)) this took 0.55-0.95x the time of the other packed
+On the H200 (BENCHMARKS.md 2026-12-01 (aa)) this took 0.58-0.90x the time of the other packed
 GEMMs for Q4_K and Q8_0 at 16 and 64 rows (28672 x 4096 Q4_K at 64 rows: 84 us against 124),
 level with cuBLAS on a bf16 copy at 16 rows on the largest shapes and still behind it at 64
 (66 us there). Q6_K's other kernels stay faster. Each dot's wgmmas are waited for before the

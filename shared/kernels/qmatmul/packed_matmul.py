@@ -372,6 +372,7 @@ def first_config(m: int, n: int, device: torch.device, qtype: int) -> dict[str, 
     Q8_0's 128-element chunks take 3 stages where Q4_K's 256-element ones fit 2. The 64-row
     tiles join fields along K (FJ: 4 at 2-16 rows, 2 at 17-64; sweep (aa), 3-16 % faster on
     most shapes); the 128-row ones keep one a dot (FJ 2 took 1.4x as long there)."""
+    # off CUDA (the interpreter) the sweep's device stands in: the tiles are the same
     sms = num_sms(device) if device.type == "cuda" else 132
     stages = 3 if m <= 16 or qtype == GGMLQuantizationType.Q8_0 else 2
     if m > 16 and triton.cdiv(n, 128) >= sms:

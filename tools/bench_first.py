@@ -33,11 +33,11 @@ SWEEP = ((64, 4, 2), (64, 4, 3), (64, 4, 4), (128, 4, 2), (128, 8, 2), (128, 8, 
 SPLITS = (1, 2, 4)
 
 
-def _checked_us(x, pw, copies, cfg) -> float:
-    """µs per call of cfg, or inf when it fails or computes something else."""
+def _checked_us(x, pw, copies, cfg, want) -> float:
+    """µs per call of cfg, or inf when it fails or differs from want (x @ the rounded weight.T,
+    float64)."""
     try:
         got = packed_matmul(x, pw, torch.float32, config=cfg)
-        want = x.double() @ unpack(pw).to(x.dtype).double().T
         err = ((got.double() - want).abs().max() / want.abs().max()).item()
         if err > 1e-4:
             print(f"    WRONG {cfg}: relative error {err:.1e}")
@@ -68,16 +68,17 @@ def main(argv: list[str] | None = None) -> None:
             for m in args.m:
                 x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                 cublas = cold_dense_ms(x, dense_copies) * 1e3
+                want = x.double() @ dense.double().T
                 engine_cfg = tuner.config(pw, m, x.dtype)
                 engine = cold_graph_ms(x, copies, engine_cfg) * 1e3
                 first_cfg = first_config(m, n, device, qt)
-                first = _checked_us(x, pw, copies, first_cfg)
+                first = _checked_us(x, pw, copies, first_cfg, want)
                 gbs = pw.nbytes / first / 1e3
                 print(f"{name} {n}x{k} m={m}: cuBLAS on copy {cublas:7.1f}  engine {engine:7.1f} "
                       f"{engine_cfg}  first_config {first:7.1f} ({gbs:.0f} GB/s) "
                       f"{first_cfg}", flush=True)  # fmt: skip
                 for fj in args.fj:
-                    us = _checked_us(x, pw, copies, {**first_cfg, "FJ": fj})
+                    us = _checked_us(x, pw, copies, {**first_cfg, "FJ": fj}, want)
                     print(f"    FJ={fj}: {us:7.1f}", flush=True)
                 if not args.sweep:
                     continue
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
                                "num_warps": warps, "num_stages": stages, "SPLIT_K": s,
                                "FIRST": 1}  # fmt: skip
                         cells.append(f"{bn}/{warps}/{stages}/s{s} "
-                                     f"{_checked_us(x, pw, copies, cfg):.1f}")  # fmt: skip
+                                     f"{_checked_us(x, pw, copies, cfg, want):.1f}")  # fmt: skip
                 print("    " + "  ".join(cells), flush=True)
 
 

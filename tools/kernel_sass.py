@@ -132,8 +132,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         gf = importlib.import_module("shared.kernels.qmatmul.packed_gemm_first")
         args = [x, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
         tiles = {"BLOCK_M": min(m, 64), "BLOCK_N": 64, "ACT": act, "R32": r32}
-        # fields a dot: 4 at 16 rows, 2 at 64 (first_config), at most G
-        tiles["FJ"] = min(4 if m <= 16 else 2, fields["G"])
+        # fields a dot as first_config joins them for 64-row tiles (4096 rows)
+        tiles["FJ"] = mm.first_config(m, 4096, torch.device("cpu"), pw.qtype)["FJ"]
         return gf._gemm_first_kernel, args, {**fields, **tiles}
     if kind == "x16":  # packed_gemm16's activation conversion (one row-chunk a program)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")

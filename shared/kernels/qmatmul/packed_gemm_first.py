@@ -63,27 +63,21 @@ def _chunk_first(
     s0, s1, m0, m1, d, dmin = load_meta(
         R32, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
     )
-    if FJ == 1:
-        for j in tl.static_range(G):
-            # the magic (packed_chunk.MAGIC) as an immediate, as packed_gemm passes it
-            val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
-            cols = c * (W * G) + j * W + tl.arange(0, W)
-            xj = tl.load(x_cols + cols[:, None], mask=mmask[None, :], other=0.0)  # [W, BM]
-            acc = _dot_first(acc, val, xj, INTERPRETED)
-    else:
-        for j in tl.static_range(0, G, FJ):
-            a = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+    for j in tl.static_range(0, G, FJ):
+        # the magic (packed_chunk.MAGIC) as an immediate, as packed_gemm passes it
+        t = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
+        if FJ >= 2:
             b = group(QTYPE, HI, j + 1, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
             if FJ == 2:
-                t = tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), (w.shape[0], 2 * W))
+                t = tl.reshape(tl.permute(tl.join(t, b), (0, 2, 1)), (w.shape[0], 2 * W))
             else:
                 e = group(QTYPE, HI, j + 2, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
                 f = group(QTYPE, HI, j + 3, w, wh, h, s0, s1, m0, m1, d, dmin, 0x4B000000)
-                t = tl.join(tl.join(a, b), tl.join(e, f))
+                t = tl.join(tl.join(t, b), tl.join(e, f))
                 t = tl.reshape(tl.permute(t, (0, 3, 2, 1)), (w.shape[0], 4 * W))
-            cols = c * (W * G) + j * W + tl.arange(0, FJ * W)
-            xj = tl.load(x_cols + cols[:, None], mask=mmask[None, :], other=0.0)
-            acc = _dot_first(acc, t, xj, INTERPRETED)
+        cols = c * (W * G) + j * W + tl.arange(0, FJ * W)
+        xj = tl.load(x_cols + cols[:, None], mask=mmask[None, :], other=0.0)  # [FJ * W, BM]
+        acc = _dot_first(acc, t, xj, INTERPRETED)
     return acc
 
 

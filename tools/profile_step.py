@@ -1,13 +1,16 @@
 """Where a decode step's time goes: C sequences decoding together through the engine (no HTTP).
 
     python -m tools.profile_step MODEL.gguf [--concurrency 64] [--prompt 512] [--steps 20]
-        [--dense-copies auto|on|off]
+        [--dense-copies auto|on|off] [--timeline]
 
 Builds the engine as the server does (CUDA graphs, paged KV), admits C random prompts, steps
 until every sequence decodes, then times `--steps` decode-only steps by wall clock and
 profiles a few more with torch.profiler: the step time, and the kernels with the most device
 time per step (graph replays included where CUPTI records them). Then one mixed step (a
-512-token prompt chunk beside the C decodes). Prints text; it is a benchmark, not a test.
+512-token prompt chunk beside the C decodes). ``--timeline``: the engine's steps overlapped (as
+the server and W1 run them) and the profiled decode steps charged kernel by kernel on the
+device's timeline (``tools.step_timeline``: exposed run time, launch gaps, host gaps). Prints
+text; it is a benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -42,6 +45,26 @@ def _top(prof, steps: int, rows: int) -> None:
         )
 
 
+def _timeline(engine, rows: int, n: int = 20) -> None:
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from tools.step_timeline import report
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):  # no sync between steps: the engine overlaps them
+            list(engine.step())
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    print(f"timeline of {n} overlapped decode steps:")
+    report(trace, n, rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path)
@@ -51,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=18)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dense-copies", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--timeline", action="store_true")
     a = p.parse_args(argv)
     from shared.engine import Sequence
     from shared.engine.factory import EngineConfig, build_engine
@@ -62,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             model_path=str(a.model), device=a.device, dtype="bfloat16",
             max_model_len=a.prompt + 1024, kv_blocks=(c + 1) * (a.prompt + 1024) // 16 + 64,
             max_batch_tokens=max(2048, a.prompt), prefix_caching=False, max_seqs=c + 1,
-            dense_copies=a.dense_copies,
+            dense_copies=a.dense_copies, overlap=a.timeline,
         )
     )  # fmt: skip
     engine, vocab = loaded.engine, loaded.tokenizer.vocab_size
@@ -96,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(n):
             _step(engine)
     _top(prof, n, a.rows)
+    if a.timeline:
+        _timeline(engine, a.rows)
+        return 0
     engine.add(Sequence(c, prompt(), params, gen, frozenset(), None))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         ms = _step(engine)

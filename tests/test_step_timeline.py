@@ -1,0 +1,30 @@
+"""tools.step_timeline: each kernel is charged what it moved the end of the work by."""
+
+from tools.step_timeline import charges, kernels
+
+
+def _k(name, ts, dur, grid=(1, 1, 1)):
+    return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"grid": list(grid)}}
+
+
+def test_charges_add_up_to_the_span_with_overlap_gaps_and_host_time():
+    trace = {
+        "traceEvents": [
+            _k("gemv<int>", 0.0, 10.0, (32, 2, 1)),
+            _k("norm", 8.0, 4.0),  # launched early: charged 2 of its 4
+            _k("gemv<int>", 14.0, 10.0, (32, 2, 1)),  # a 2 µs launch gap
+            _k("tiny", 15.0, 1.0),  # inside the previous one: charged nothing
+            _k("attn", 54.0, 6.0),  # 30 µs of host time before it
+            {"cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 99.0},
+        ]
+    }
+    ks = kernels(trace)
+    assert [k["name"] for k in ks] == ["gemv<int>", "norm", "gemv<int>", "tiny", "attn"]
+    rows, tot = charges(ks)
+    assert tot["span"] == 60.0
+    assert tot["host"] == 30.0 and tot["gaps"] == 2.0
+    assert tot["exposed"] + tot["gaps"] + tot["host"] == tot["span"]
+    assert rows["gemv (32, 2, 1)"] == [2, 20.0, 20.0, 2.0]
+    assert rows["norm (1, 1, 1)"][2] == 2.0
+    assert rows["tiny (1, 1, 1)"][2] == 0.0
+    assert rows["attn (1, 1, 1)"][2:] == [6.0, 0.0]

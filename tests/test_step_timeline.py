@@ -1,6 +1,6 @@
 """tools.step_timeline: each kernel is charged what it moved the end of the work by."""
 
-from tools.step_timeline import charges, kernels
+from tools.step_timeline import charges, kernels, largest_gaps
 
 
 def _k(name, ts, dur, grid=(1, 1, 1)):
@@ -16,12 +16,16 @@ def test_charges_add_up_to_the_span_with_overlap_gaps_and_host_time():
             _k("tiny", 15.0, 1.0),  # inside the previous one: charged nothing
             _k("attn", 54.0, 6.0),  # 30 µs of host time before it
             {"cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 99.0},
+            {"cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 60.0, "dur": 2.0},
         ]
     }
     ks = kernels(trace)
-    assert [k["name"] for k in ks] == ["gemv<int>", "norm", "gemv<int>", "tiny", "attn"]
+    names = [k["name"] for k in ks]
+    assert names == ["gemv<int>", "norm", "gemv<int>", "tiny", "attn", "Memcpy HtoD"]
+    assert largest_gaps(ks, 2) == [(30.0, "gemv (32, 2, 1)", "attn (1, 1, 1)"),
+                                   (2.0, "norm (1, 1, 1)", "gemv (32, 2, 1)")]  # fmt: skip
     rows, tot = charges(ks)
-    assert tot["span"] == 60.0
+    assert tot["span"] == 62.0
     assert tot["host"] == 30.0 and tot["gaps"] == 2.0
     assert tot["exposed"] + tot["gaps"] + tot["host"] == tot["span"]
     assert rows["gemv (32, 2, 1)"] == [2, 20.0, 20.0, 2.0]

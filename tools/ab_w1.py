@@ -14,7 +14,9 @@ in the RMSNorm, ``SKIFF_NORM_ROUNDING=0``); ``norm-whole`` (the rounding norm in
 rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each);
 ``attn-64`` (decode attention in 64-key tiles of 4 warps at every context, as before (y));
 ``cache-0`` (the rows GEMV's weight loads without the evict-first hint, as before (z));
-``cache-3`` (evict-first on the rows GEMV's scale loads too).
+``cache-3`` (evict-first on the rows GEMV's scale loads too); ``rope-wide`` (RoPE + KV write in
+programs of 16 heads at every token count, as before (ab)); ``argmax-torch`` (greedy picks by
+torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each).
 """
 
 from __future__ import annotations
@@ -68,6 +70,17 @@ def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: in
     return 64 if head_dim <= 128 else 32
 
 
+def _separate_copies(parts, device):
+    """staging.to_device_packed as before (ab): one host->device copy a list."""
+    from shared.staging import to_device
+
+    return [to_device(torch.tensor(values, dtype=dtype), device) for values, dtype in parts]
+
+
+def _torch_argmax(x):
+    return x.argmax(dim=-1)
+
+
 def _off(module: str, name: str, value) -> Callable[[], object]:
     """A patch of module.name, imported when entered (the engine's modules load lazily)."""
     return lambda: _patched(importlib.import_module(module), name, value)
@@ -87,6 +100,9 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
         _off("shared.kernels.paged_attention", "decode_tile_keys", _tile_keys_64),
         _off("shared.engine.cuda_graphs", "decode_tile_keys", _tile_keys_64),
     ),
+    "rope-wide": (_off("shared.kernels.rope_kv", "_MIN_PROGRAMS", 0),),
+    "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),
+    "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

@@ -9,7 +9,8 @@ kernels before it. The charges of a window add up to its span, so they say what 
 and ends after its predecessor is charged only the part after it. A charge splits into the
 gap before the kernel started (``start - frontier`` when positive: launch latency, host time)
 and its exposed run time. Rows are kernel name and grid (the grid tells the GEMV shapes
-apart); gaps of 20 µs or more are counted apart as host time between steps.
+apart); copies and memsets count as work; gaps of 20 µs or more are counted apart as host
+time between steps, and the longest idle stretches are listed with their neighbours.
 """
 
 from __future__ import annotations
@@ -24,10 +25,25 @@ from pathlib import Path
 HOST_GAP_US = 20.0
 
 
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
 def kernels(trace: dict) -> list[dict]:
-    """The trace's device kernels, by start time."""
-    ks = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and "dur" in e]
+    """The trace's device work (kernels, copies, memsets), by start time."""
+    ks = [e for e in trace.get("traceEvents", []) if e.get("cat") in _DEVICE_CATS and "dur" in e]
     return sorted(ks, key=lambda e: e["ts"])
+
+
+def largest_gaps(ks: list[dict], n: int = 8) -> list[tuple[float, str, str]]:
+    """The n longest idle stretches of the device: (µs, work before, work after)."""
+    gaps, frontier, before = [], None, ""
+    for e in ks:
+        if frontier is not None and e["ts"] > frontier:
+            gaps.append((e["ts"] - frontier, before, _key(e)))
+        end = e["ts"] + e["dur"]
+        if frontier is None or end >= frontier:
+            frontier, before = end, _key(e)
+    return sorted(gaps, reverse=True)[:n]
 
 
 def _key(e: dict) -> str:
@@ -65,7 +81,8 @@ def charges(ks: list[dict]) -> tuple[dict, dict]:
 
 
 def report(trace: dict, steps: int, top: int = 30) -> None:
-    rows, tot = charges(kernels(trace))
+    ks = kernels(trace)
+    rows, tot = charges(ks)
     per = {k: v / steps for k, v in tot.items()}
     print(
         f"  timeline per step: span {per['span']:.1f} µs = exposed kernel time "
@@ -80,6 +97,9 @@ def report(trace: dict, steps: int, top: int = 30) -> None:
         print(
             f"  {exposed / steps:10.1f} {gap / steps:7.1f} {n / steps:9.1f} {run / n:12.2f}  {key}"
         )
+    print("  longest idle stretches (µs, after, before):")
+    for gap, before, after in largest_gaps(ks):
+        print(f"  {gap:8.1f}  {before}  ->  {after}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,6 @@ from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
 from shared.model.causal_lm import CausalLM
 from shared.sampling import SampleOutput, Sampler
-from shared.staging import to_device
 
 
 class ModelRunner:
@@ -54,17 +53,19 @@ class ModelRunner:
             )
             if finishes:
                 sampled.append(seq)
-        batch = ForwardBatch.build(chunks, self.kv.block_size, self.device)
-        fill = [
-            (batch.query_start_loc[i + 1] - 1, seq.inflight_row)
-            for i, (seq, _) in enumerate(work)
-            if seq.num_inflight
-        ]
+        # (its last row in the batch, its row in prev) for each token in flight: copied with the
+        # batch (one host->device copy a step), filled in on the device
+        fill, end = [], 0
+        for seq, n in work:
+            end += n
+            if seq.num_inflight:
+                fill.append((end - 1, seq.inflight_row))
+        rows_src = [r for r, _ in fill] + [s for _, s in fill]
+        batch = ForwardBatch.build(chunks, self.kv.block_size, self.device, rows_src)
         if fill:
             if prev is None:
                 raise ValueError("a sequence has a token in flight but no previous output given")
-            rows, src = (torch.tensor(c, dtype=torch.int64) for c in zip(*fill, strict=True))
-            rows, src = to_device(rows, self.device), to_device(src, self.device)
+            rows, src = batch.extra.split(len(fill))
             batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
         logits = self.graphs.run(batch) if self.graphs is not None else None
         key = self.graphs.last_key if logits is not None else None

@@ -26,6 +26,9 @@ _FP8_MAX = 448.0
 _CACHE_DTYPES = (*_FLOAT_DTYPES, _FP8_DTYPE)
 # heads per program * padded head_dim: enough work per program without spilling registers
 _TILE_ELEMENTS = 2048
+# fewer heads a program until a launch has this many programs (or one head each): a decode step
+# of one sequence ran 3 programs of 16 heads, 4.5 us a layer on the H200 (BENCHMARKS.md (ab))
+_MIN_PROGRAMS = 64
 
 
 @triton.jit
@@ -126,17 +129,19 @@ def _rope_write_kv_kernel(
     # grid: (T, q head groups + kv head groups); a program rotates BH q heads, or rotates BH
     # k heads and stores them with their v heads.
     launch_next(PDL)
-    wait_prev(PDL)
     t = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     n_q_groups = tl.cdiv(n_heads, BH)
 
+    # the angles while the previous kernel ends: positions (and slots) are the step's inputs,
+    # copied before its first kernel, which is no early launch (gdc), so they are written by now
     pairs = tl.arange(0, BLOCK_PAIRS)
     pair_mask = pairs < ROPE_DIM // 2
     position = tl.load(positions_ptr + t)
     cos, sin = _rope_cos_sin(
         position, ff_ptr, scale, exponent_step, pairs, pair_mask, HAS_FREQ_FACTORS
     )
+    wait_prev(PDL)
     cos, sin = cos[None, :], sin[None, :]
     c1, c2 = _pair_columns(pairs, ROPE_DIM, NEOX)
     c1, c2 = c1[None, :], c2[None, :]
@@ -321,6 +326,9 @@ def rope_and_write_kv(
     block_d = triton.next_power_of_2(head_dim)
     bh = min(triton.next_power_of_2(max(n_heads, n_kv_heads)), max(1, _TILE_ELEMENTS // block_d))
     n_groups = triton.cdiv(n_heads, bh) + triton.cdiv(n_kv_heads, bh)
+    while bh > 1 and n_tokens * n_groups < _MIN_PROGRAMS:
+        bh //= 2
+        n_groups = triton.cdiv(n_heads, bh) + triton.cdiv(n_kv_heads, bh)
     scale_strides = k_scale_cache.stride() if fp8 else (0, 0, 0)
     early = pdl(q.device, _rope_write_kv_kernel)
     _rope_write_kv_kernel[(n_tokens, n_groups)](

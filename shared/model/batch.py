@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shared.staging import to_device
+from shared.staging import to_device_packed
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class ForwardBatch:
     attn_splits: int = 0
     attn_splits_t: torch.Tensor | None = None
     max_attn_splits: int = 0
+    # build's `extra` values on the device (int64)
+    extra: torch.Tensor | None = None
 
     @property
     def query_lens(self) -> list[int]:
@@ -49,7 +51,14 @@ class ForwardBatch:
         return [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
 
     @staticmethod
-    def build(chunks: list[SeqChunk], block_size: int, device: torch.device | str) -> ForwardBatch:
+    def build(
+        chunks: list[SeqChunk],
+        block_size: int,
+        device: torch.device | str,
+        extra: list[int] | tuple[int, ...] = (),
+    ) -> ForwardBatch:
+        """The batch of `chunks` on `device`; `extra`: more int64 values the caller wants there
+        in the same copy (``ForwardBatch.extra``)."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -73,22 +82,25 @@ class ForwardBatch:
             starts.append(len(ids))
             seq_lens.append(end)
         width = max((len(c.block_table) for c in chunks), default=0)
-        tables = [c.block_table + [0] * (width - len(c.block_table)) for c in chunks]
-
-        def t(x: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
-            # the next step is built while the current one runs (overlapped steps)
-            return to_device(torch.tensor(x, dtype=dtype), device)
-
+        tables = [b for c in chunks for b in (*c.block_table, *[0] * (width - len(c.block_table)))]
+        i64, i32 = torch.int64, torch.int32
+        # one host->device copy for the step (the next step is built while this one runs)
+        ids_t, pos_t, slots_t, rows_t, extra_t, tables_t, starts_t, lens_t = to_device_packed(
+            [(ids, i64), (pos, i64), (slots, i64), (rows, i64), (list(extra), i64),
+             (tables, i32), (starts, i32), (seq_lens, i32)],
+            device,
+        )  # fmt: skip
         return ForwardBatch(
-            token_ids=t(ids),
-            positions=t(pos),
-            slot_mapping=t(slots),
-            block_tables=t(tables, torch.int32).reshape(len(chunks), width),
+            token_ids=ids_t,
+            positions=pos_t,
+            slot_mapping=slots_t,
+            block_tables=tables_t.reshape(len(chunks), width),
             query_start_loc=starts,
             seq_lens=seq_lens,
-            logits_rows=t(rows),
-            query_start_loc_t=t(starts, torch.int32),
-            seq_lens_t=t(seq_lens, torch.int32),
+            logits_rows=rows_t,
+            query_start_loc_t=starts_t,
+            seq_lens_t=lens_t,
+            extra=extra_t,
             max_query_len=max((len(c.token_ids) for c in chunks), default=0),
             max_seq_len=max(seq_lens, default=0),
         )

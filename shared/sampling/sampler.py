@@ -23,6 +23,7 @@ from itertools import chain
 import numpy as np
 import torch
 
+from shared.kernels.argmax import argmax_rows
 from shared.staging import to_device
 
 from .params import SamplingParams
@@ -135,11 +136,14 @@ class Sampler:
         if any(p.has_penalties for p in params):
             x = apply_penalties(logits, params, prompt_ids, output_ids)
         else:
-            x = logits.float()
-        # argmax returns the first maximum, so greedy ties go to the lowest id.
-        tokens = x.argmax(dim=-1)
-
+            x = logits
+        # the first maximum, so greedy ties go to the lowest id; in the logits' dtype (its
+        # float32 copy, below, is made only for what needs it)
+        tokens = argmax_rows(x) if x.is_cuda else x.argmax(dim=-1)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        asked = [p.logprobs for p in params if p.logprobs is not None]
+        if random_rows or asked:
+            x = x.float()
         if random_rows:
             if len(random_rows) == batch:
                 tokens = self._sample_random(x, params, generators)
@@ -152,7 +156,6 @@ class Sampler:
                 )
                 tokens = tokens.index_put((idx,), sub)
 
-        asked = [p.logprobs for p in params if p.logprobs is not None]
         if not asked:  # a [B, V] reduction (two launches, ~70 us at batch 1) nobody reads
             return SampleOutput(token_ids=tokens)
         # logit - logsumexp == log_softmax, without materializing a [B, V] tensor.

@@ -1,0 +1,73 @@
+"""Row argmax of logits in Triton: greedy decoding's pick over a large vocabulary.
+
+torch reduces a row with one program: at batch 1 a 128,256-entry row took 27 us on the H200
+(BENCHMARKS.md (ab)). Here a row is cut into slices: each program finds its slice's maximum
+and that maximum's first index, then a second launch picks among the slices. The result is
+``torch.argmax``'s: the first index of the maximum, NaN counting above every number (the
+first NaN wins), read in the logits' own dtype (any float; no float32 copy).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_SLICE = 4096  # entries a program reads
+
+
+@triton.jit
+def _first_max(vals, idx, BIG: tl.constexpr):
+    """(the maximum, NaN above all, and its first index) of vals [BLOCK] at idx; BIG for
+    entries out of range (their vals are -inf)."""
+    nan = vals != vals
+    nan_at = tl.min(tl.where(nan, idx, BIG))
+    top = tl.max(tl.where(nan, -float("inf"), vals))
+    top_at = tl.min(tl.where((vals == top) & (idx < BIG), idx, BIG))
+    has_nan = nan_at < BIG
+    return tl.where(has_nan, float("nan"), top), tl.where(has_nan, nan_at, top_at)
+
+
+@triton.jit
+def _slice_kernel(x_ptr, val_ptr, idx_ptr, stride_x, n, n_slices, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    idx = s * BLOCK + tl.arange(0, BLOCK)
+    live = idx < n
+    vals = tl.load(x_ptr + row * stride_x + idx, mask=live, other=-float("inf")).to(tl.float32)
+    top, at = _first_max(vals, tl.where(live, idx, 2147483647), 2147483647)
+    tl.store(val_ptr + row * n_slices + s, top)
+    tl.store(idx_ptr + row * n_slices + s, at)
+
+
+@triton.jit
+def _pick_kernel(val_ptr, idx_ptr, out_ptr, n_slices, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK)
+    live = s < n_slices
+    vals = tl.load(val_ptr + row * n_slices + s, mask=live, other=-float("inf"))
+    at = tl.load(idx_ptr + row * n_slices + s, mask=live, other=2147483647)
+    # slices are in index order, so the first index of the maximum among their firsts is the
+    # row's first; an empty slice never exists (n_slices = cdiv(n, slice))
+    _, first = _first_max(vals, at, 2147483647)
+    tl.store(out_ptr + row, first.to(tl.int64))
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim of a [B, V] float tensor: [B] int64."""
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"argmax_rows: a [B, V] float tensor, got {x.dtype} {tuple(x.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, n = x.shape
+    if n == 0 or rows == 0:
+        return x.argmax(dim=-1)
+    n_slices = triton.cdiv(n, _SLICE)
+    vals = torch.empty(rows, n_slices, dtype=torch.float32, device=x.device)
+    idx = torch.empty(rows, n_slices, dtype=torch.int32, device=x.device)
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    _slice_kernel[(rows, n_slices)](x, vals, idx, x.stride(0), n, n_slices, BLOCK=_SLICE,
+                                    num_warps=8)  # fmt: skip
+    _pick_kernel[(rows,)](vals, idx, out, n_slices, BLOCK=max(16, triton.next_power_of_2(n_slices)),
+                          num_warps=1)  # fmt: skip
+    return out

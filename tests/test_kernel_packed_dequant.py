@@ -12,9 +12,11 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
-from shared.kernels.qmatmul.packed_dequant import dequantize_packed
+from shared.kernels.qmatmul.packed_dequant import dequantize_packed, dequantize_packed_rows
 from shared.kernels.qmatmul.packed_gemm import SMALL_TILE
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from shared.kernels.qmatmul.packed_rows import interleave
+from shared.quant import dequantize
 from tests.test_kernel_packed_matmul import random_raw
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -65,3 +67,22 @@ def test_dequantize_packed_rejects_a_wrong_out() -> None:
     pw = pack(random_raw(T.Q8_0, 8, 256, seed=1).to(DEVICE), T.Q8_0, (8, 256))
     with pytest.raises(ValueError, match="out must be"):
         dequantize_packed(pw, torch.float16, out=torch.empty(8, 128, device=DEVICE))
+
+
+@pytest.mark.parametrize("rows32", [False, True], ids=["plain", "interleaved"])
+@pytest.mark.parametrize("qtype", sorted(PACKED_TYPES), ids=lambda t: t.name)
+def test_dequantize_packed_rows_is_the_blocks_dequantized(qtype: T, rows32: bool) -> None:
+    """A token embedding's lookup: the gathered rows equal shared.quant.dequantize of their
+    GGUF blocks, bit for bit, from plain or row-interleaved planes, for 1 or 37 ids."""
+    n, k = 70, 512
+    raw = random_raw(qtype, n, k, seed=int(qtype) + 1)
+    pw = pack(raw.to(DEVICE), qtype, (n, k))
+    if rows32:
+        pw = interleave(pw)
+    for ids in ([69], [3, 0, 69, 3, *range(5, 38)]):
+        want = dequantize(raw[ids], qtype, (len(ids), k)).to(torch.bfloat16)
+        got = dequantize_packed_rows(pw, torch.tensor(ids, device=DEVICE), torch.bfloat16)
+        assert got.shape == want.shape and torch.equal(got.float().cpu(), want.float())
+    with pytest.raises(ValueError, match="ids must be"):
+        bad = torch.zeros(2, 2, dtype=torch.int64, device=DEVICE)
+        dequantize_packed_rows(pw, bad, torch.float32)

@@ -45,10 +45,12 @@ def path(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def logits(
-    path: Path, ops: str, ids: list[int], chunk: int, kv_dtype: torch.dtype, head_scales=None
-) -> np.ndarray:
-    """head_scales: per layer (k, v) [n_kv_heads] scales of an FP8 cache with per-head scales."""
-    model = load_model(GGUFFile(path, cache_dir=path.parent), DEVICE, ops=ops)
+    path: Path, ops: str, ids: list[int], chunk: int, kv_dtype: torch.dtype, head_scales=None,
+    model=None,
+) -> np.ndarray:  # fmt: skip
+    """head_scales: per layer (k, v) [n_kv_heads] scales of an FP8 cache with per-head scales;
+    model: the one loaded from path (else loaded here with `ops`)."""
+    model = model or load_model(GGUFFile(path, cache_dir=path.parent), DEVICE, ops=ops)
     cfg = model.cfg
     n_blocks = -(-len(ids) // BLOCK) + 1
     scales = "head" if head_scales is not None else "token"
@@ -140,3 +142,19 @@ def test_fp8_kv_triton_ops_match_torch_ops(path: Path, scales: str) -> None:
     got = logits(path, "triton", ids, 13, FP8, head)
     np.testing.assert_allclose(got, ref, atol=3e-2 * np.abs(ref).max(), rtol=0)
     assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+
+def test_tied_embedding_looks_up_the_heads_planes(tmp_path: Path) -> None:
+    """A tied Q8_0 output: the packed embedding borrows the head's planes (one copy on the
+    device) and the logits still match the torch ops'."""
+    spec = SynthSpec("gemma3", n_layers=2, d_model=256, n_heads=2, n_kv_heads=1, head_dim=64,
+                     ffn_dim=128, vocab=320, sliding_window=8, seed=3, untied=False,
+                     embd_q8_0=True)  # fmt: skip
+    path = write_synthetic_gguf(tmp_path / "tied.gguf", spec)
+    model = load_model(GGUFFile(path, cache_dir=tmp_path), DEVICE, ops="triton",
+                       cache_dequantized=False)  # fmt: skip
+    assert model.embed.raw is None and model.embed.packed is model.lm_head.packed
+    ids = [1] + np.random.default_rng(1).integers(3, 320, 19).tolist()
+    ref = logits(path, "torch", ids, 20, torch.float32)
+    got = logits(path, "triton", ids, 20, torch.float32, model=model)
+    np.testing.assert_allclose(got, ref, atol=2e-3 * np.abs(ref).max(), rtol=0)

@@ -50,7 +50,7 @@ case " $STAGES " in *" profile "*)
 esac
 case " $STAGES " in *" step "*)  # where a batch-1 decode step's time goes; STEP_PDL="1 0": both
   models 2>&1
-  for t in $TYPES; do for pdl in ${STEP_PDL:-1}; do
+  for t in ${STEP_TYPES:-$TYPES}; do for pdl in ${STEP_PDL:-1}; do
     SKIFF_PDL=$pdl timeout ${STEP_S:-120} python3 -m tools.profile_step /tmp/l3-$t.gguf \
       --concurrency 1 --steps 50 --rows ${STEP_ROWS:-25} ${STEP_ARGS:-} 2>&1 \
       | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step-$t-pdl$pdl.txt"

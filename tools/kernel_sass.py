@@ -142,8 +142,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         return g16._x16_kernel, [x, xh, k, k], consts
     if kind == "dequant":
         dense = torch.empty(n, k, dtype=torch.bfloat16)
-        args = [*_planes(pw), dense, n, *strides, k, MAGIC]
-        return dq._dequant_kernel, args, {**fields, "BLOCK_N": 32, "R32": r32}
+        args = [*_planes(pw), dense, dense, n, *strides, k, MAGIC]
+        return dq._dequant_kernel, args, {**fields, "BLOCK_N": 32, "R32": r32, "GATHER": False}
     args = [x, *_planes(pw), out, m, n, chunks, chunks // 2, k, n, m * n, *strides]
     tiles = {"BLOCK_M": min(m, 64), "BLOCK_N": 32, "WIDE": kind == "gemm-w", "ACT": act, "R32": r32}
     return gm._gemm_kernel, args, {**fields, **tiles}

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf.quants import quantize
 
 WEIGHTS_VERSION = 3  # bump when the random weights' recipe changes (names cached files)
 
@@ -32,6 +33,7 @@ class SynthSpec:
     sliding_window: int = 0  # gemma3 only
     untied: bool = True  # gemma3 ties its output to the embedding only when False
     seed: int = 0
+    embd_q8_0: bool = False  # the token embedding (the tied output too) in Q8_0 blocks
 
     @property
     def name(self) -> str:
@@ -39,6 +41,7 @@ class SynthSpec:
             f"{self.arch}-L{self.n_layers}-d{self.d_model}-h{self.n_heads}x{self.n_kv_heads}"
             f"-f{self.ffn_dim}-v{self.vocab}-s{self.seed}-w{WEIGHTS_VERSION}"
             + ("" if self.untied else "-tied")
+            + ("-e8" if self.embd_q8_0 else "")
         )
 
 
@@ -99,10 +102,15 @@ def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
     if a == "gemma3":
         # Gemma multiplies embeddings by sqrt(d); with random weights and a tied output the input
         # token would predict itself, so tests use an untied output and strong post-norms.
-        w.add_tensor("token_embd.weight", mat(spec.vocab, d, 0.25 * np.sqrt(d)))
+        embd = mat(spec.vocab, d, 0.25 * np.sqrt(d))
     else:
         # a large embedding gain makes the next-token distribution peaked, like a trained model's
-        w.add_tensor("token_embd.weight", mat(spec.vocab, d, 4.0 * np.sqrt(d) / 8))
+        embd = mat(spec.vocab, d, 4.0 * np.sqrt(d) / 8)
+    if spec.embd_q8_0:
+        q8 = GGMLQuantizationType.Q8_0
+        w.add_tensor("token_embd.weight", quantize(embd, q8), raw_dtype=q8)
+    else:
+        w.add_tensor("token_embd.weight", embd)
     for i in range(spec.n_layers):
         p = f"blk.{i}"
         w.add_tensor(f"{p}.attn_norm.weight", norm(d))

@@ -204,18 +204,21 @@ def _paged_attention_kernel(
         # set before the step's kernels (a graph's input), never by one of them: it is read
         # while the previous kernel ends, not one memory round trip after it
         n_splits = tl.load(splits_ptr)
-    wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if split >= n_splits:
-        return
+    # where the program's queries are, while the previous kernel ends: query_start_loc and
+    # seq_lens are the step's inputs, set before its first kernel (as splits_ptr), not by one
+    # of the kernels launched early before this one; q and the cache come after the wait
     seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
     q_begin = tl.load(query_start_loc_ptr + seq)
     n_query = tl.load(query_start_loc_ptr + seq + 1) - q_begin
     q_tile = tl.program_id(0) - (q_begin // BLOCK_Q + seq)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
+    if split >= n_splits:
+        return
     if q_tile * BLOCK_Q >= n_query:
         return
-    seq_len = tl.load(seq_lens_ptr + seq)
     context = seq_len - n_query
 
     rows = tl.arange(0, BLOCK_M)

@@ -34,6 +34,7 @@ from shared.kernels.qmatmul import (
 )
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for, int8_layout
 from shared.kernels.qmatmul.packed import CHUNK
+from shared.kernels.qmatmul.packed_dequant import dequantize_packed_rows
 from shared.kernels.qmatmul.packed_matmul import ACTS, rounds_gated
 from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kernels.qmatmul.tuning import Tuner
@@ -146,15 +147,27 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """Token embedding: only the looked-up rows are dequantized."""
+    """Token embedding: only the looked-up rows are dequantized. With ``use_kernels`` a
+    packed type keeps planes instead of the blocks, and a lookup is one launch
+    (``dequantize_packed_rows``: the same values as ``dequantize``, bit for bit)."""
 
     def __init__(
-        self, raw: torch.Tensor, qtype: int, shape: tuple[int, int], compute_dtype: torch.dtype
+        self,
+        raw: torch.Tensor,
+        qtype: int,
+        shape: tuple[int, int],
+        compute_dtype: torch.dtype,
+        use_kernels: bool = False,
     ) -> None:
         super().__init__()
         self.raw, self.qtype, self.shape, self.compute_dtype = raw, qtype, shape, compute_dtype
+        self.packed = None
+        if use_kernels and qtype in PACKED_TYPES and shape[1] % CHUNK[qtype] == 0:
+            self.packed, self.raw = pack(raw, qtype, shape), None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return dequantize_packed_rows(self.packed, ids.reshape(-1), self.compute_dtype)
         rows = self.raw[ids]
         return dequantize(rows, self.qtype, (ids.numel(), self.shape[1])).to(self.compute_dtype)
 

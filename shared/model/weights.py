@@ -140,17 +140,23 @@ class WeightLoader:
 
     def embedding(self, name: str, vocab: int, dim: int) -> QuantEmbedding:
         raw, qtype = self._raw(name, (vocab, dim))
-        return QuantEmbedding(raw, qtype, (vocab, dim), self.compute_dtype)
+        packs = self.use_kernels and not self.cache_dequantized  # as the linears
+        return QuantEmbedding(raw, qtype, (vocab, dim), self.compute_dtype, packs)
 
     def vector(self, name: str, dim: int) -> torch.Tensor:
         """A norm weight or bias, dequantized to float32."""
         raw, qtype = self._raw(name, (dim,))
         return dequantize(raw.reshape(-1), qtype, (dim,))
 
-    def tied_lm_head(self, embedding: QuantEmbedding) -> QuantLinear:
-        """The output projection reusing the token embedding's blocks (tied weights)."""
-        return QuantLinear(
-            embedding.raw,
+    def tied_lm_head(
+        self, embedding: QuantEmbedding, name: str = "token_embd.weight"
+    ) -> QuantLinear:
+        """The output projection reusing the token embedding's blocks (tied weights). An
+        embedding that keeps packed planes (not the blocks) looks its rows up in the head's
+        planes after this: one copy of the weight on the device."""
+        raw = embedding.raw if embedding.raw is not None else self._raw(name, embedding.shape)[0]
+        head = QuantLinear(
+            raw,
             embedding.qtype,
             embedding.shape,
             self.compute_dtype,
@@ -159,6 +165,9 @@ class WeightLoader:
             self.use_kernels,
             self.tuner,
         )
+        if embedding.packed is not None and head.packed is not None:
+            embedding.packed = head.packed
+        return head
 
 
 def tune_linears(model: torch.nn.Module) -> None:

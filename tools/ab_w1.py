@@ -16,7 +16,8 @@ rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each)
 ``cache-0`` (the rows GEMV's weight loads without the evict-first hint, as before (z));
 ``cache-3`` (evict-first on the rows GEMV's scale loads too); ``rope-wide`` (RoPE + KV write in
 programs of 16 heads at every token count, as before (ab)); ``argmax-torch`` (greedy picks by
-torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each).
+torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
+``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab)).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "rope-wide": (_off("shared.kernels.rope_kv", "_MIN_PROGRAMS", 0),),
     "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),
+    "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

@@ -58,6 +58,10 @@ __all__ = [
     "paged_attention",
 ]
 
+# decode with 64-key tiles of a 16-bit cache: a program loads its first tile's blocks and the
+# keys and values of earlier steps before wait_prev (gdc), and only the step's own key after it
+_PREFETCH = True
+
 
 def _native_fp8(device: torch.device) -> bool:
     # tl.float8e4nv needs sm_89+ (the interpreter has it too); elsewhere decode the bytes by hand.
@@ -277,6 +281,7 @@ def paged_attention(
         DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
         INTERPRETED=_interpreted(),
         PDL=early,
+        PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),

@@ -96,16 +96,28 @@ def _attend_tile(
     FP8_FROM_BYTES: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    PRE: tl.constexpr = False,  # the tile's blocks, and K and V below lo_key, loaded already
+    pre_block=0,  # [TILE_N] int64
+    pre_k=0,  # [BLOCK_D, TILE_N] in the cache dtype, zero from lo_key on
+    pre_v=0,  # [TILE_N, BLOCK_D]
+    lo_key=0,
 ):
     key = tile * TILE_N + tl.arange(0, TILE_N)
     key_ok = key < seq_len  # slots past the end may hold anything, NaN included: never load them
-    block = tl.load(table_ptr + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+    if PRE:
+        block = pre_block
+        fresh = key_ok & (key >= lo_key)  # only the keys this step wrote are loaded here
+    else:
+        block = tl.load(table_ptr + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        fresh = key_ok
     slot = key % BLOCK_SIZE
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
 
     k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
-    k = _load_kv(k_ptr + k_off, d_ok[:, None] & key_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
+    k = _load_kv(k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
+    if PRE:
+        k = tl.where(fresh[None, :], k, pre_k)
     # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
     s = _dot(q, k, None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
     if TOKEN_SCALES:
@@ -125,7 +137,9 @@ def _attend_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
 
     v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
-    v = _load_kv(v_ptr + v_off, key_ok[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
+    v = _load_kv(v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
+    if PRE:
+        v = tl.where(fresh[:, None], v, pre_v)
     if TOKEN_SCALES:
         # V's per-token scale goes into the probabilities, p @ (v * s) = (p * s) @ v: one
         # multiply a score and one rounding, where scaling V took a multiply, a clamp and two
@@ -197,6 +211,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
+    PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
 ):
     launch_next(PDL)
     n_splits = num_splits
@@ -214,35 +229,7 @@ def _paged_attention_kernel(
     n_query = tl.load(query_start_loc_ptr + seq + 1) - q_begin
     q_tile = tl.program_id(0) - (q_begin // BLOCK_Q + seq)
     seq_len = tl.load(seq_lens_ptr + seq)
-    wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
-    if split >= n_splits:
-        return
-    if q_tile * BLOCK_Q >= n_query:
-        return
     context = seq_len - n_query
-
-    rows = tl.arange(0, BLOCK_M)
-    q_idx = q_tile * BLOCK_Q + rows // GROUP
-    head = kv_head * GROUP + rows % GROUP
-    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < n_query)
-    q_pos = tl.where(row_ok, context + q_idx, -1)  # -1: a padding row sees no key
-    token = (q_begin + q_idx).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    io_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
-    q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
-    q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
-    # operands in the cache dtype, like the reference. An FP8 cache's values are exact in fp16,
-    # which one instruction forms from a pair of them (bf16 takes a float32 detour, twice the
-    # loop's conversions): 16-bit queries compute in fp16, clamped to its range, which keeps
-    # more of q's and the probabilities' bits than bf16; float32 queries stay float32.
-    if KV_FP8:
-        if q_ptr.dtype.element_ty == tl.float32:
-            q = q.to(tl.float32)
-        else:
-            q = fp16_range(q.to(tl.float32)).to(tl.float16)
-    else:
-        q = to_dtype(q, k_cache_ptr.dtype.element_ty, INTERPRETED)
-
     # Key tiles this query tile can see: causal up to its last token, window from its first.
     first_pos = context + q_tile * BLOCK_Q
     last_pos = context + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, n_query) - 1
@@ -258,6 +245,47 @@ def _paged_attention_kernel(
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_b
     k_ptr = k_cache_ptr + kv_head * stride_k_h
     v_ptr = v_cache_ptr + kv_head * stride_v_h
+    d = tl.arange(0, BLOCK_D)
+    pre_block, pre_k, pre_v = 0, 0, 0
+    if PREFETCH:  # keys before `context` were written by earlier steps: stable while we wait
+        pkey = tile_lo * TILE_N + tl.arange(0, TILE_N)
+        live = (split < n_splits) & (q_tile * BLOCK_Q < n_query) & (tile_lo < tile_hi)
+        pkey_ok = (pkey < seq_len) & live
+        pre_block = tl.load(table_ptr + pkey // BLOCK_SIZE, mask=pkey_ok, other=0).to(tl.int64)
+        pslot = pkey % BLOCK_SIZE
+        old = pkey_ok & (pkey < context)
+        d_ok = d < HEAD_DIM
+        pk_off = pre_block[None, :] * stride_k_b + pslot[None, :] * stride_k_t + d[:, None]
+        pre_k = tl.load(k_ptr + pk_off, mask=d_ok[:, None] & old[None, :], other=0.0)
+        pv_off = pre_block[:, None] * stride_v_b + pslot[:, None] * stride_v_t + d[None, :]
+        pre_v = tl.load(v_ptr + pv_off, mask=old[:, None] & d_ok[None, :], other=0.0)
+    wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
+    if split >= n_splits:
+        return
+    if q_tile * BLOCK_Q >= n_query:
+        return
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = q_tile * BLOCK_Q + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < n_query)
+    q_pos = tl.where(row_ok, context + q_idx, -1)  # -1: a padding row sees no key
+    token = (q_begin + q_idx).to(tl.int64)
+    io_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
+    q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
+    # operands in the cache dtype, like the reference. An FP8 cache's values are exact in fp16,
+    # which one instruction forms from a pair of them (bf16 takes a float32 detour, twice the
+    # loop's conversions): 16-bit queries compute in fp16, clamped to its range, which keeps
+    # more of q's and the probabilities' bits than bf16; float32 queries stay float32.
+    if KV_FP8:
+        if q_ptr.dtype.element_ty == tl.float32:
+            q = q.to(tl.float32)
+        else:
+            q = fp16_range(q.to(tl.float32)).to(tl.float16)
+    else:
+        q = to_dtype(q, k_cache_ptr.dtype.element_ty, INTERPRETED)
+
     ks_ptr = k_scale_ptr + kv_head * stride_ks_h
     vs_ptr = v_scale_ptr + kv_head * stride_vs_h
     if HEAD_SCALES:  # K's scale joins the softmax scale; V's multiplies the sums at the end
@@ -265,6 +293,18 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if PREFETCH:  # the first tile from what came before the wait, and the step's own keys
+        if tile_lo < tile_hi:
+            m_i, l_i, acc = _attend_tile(
+                q, m_i, l_i, acc, tile_lo, q_pos, seq_len, sliding_window, qk_scale,
+                table_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                stride_k_b, stride_k_t, stride_v_b, stride_v_t,
+                stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
+                HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
+                KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
+                True, pre_block, pre_k, pre_v, context,
+            )  # fmt: skip
+        tile_lo += 1
     if INTERPRETED:
         # The interpreter cannot range() over tensor bounds with numpy >= 2.4 (triton#9171).
         tile = tile_lo

@@ -13,7 +13,10 @@ import shared.engine.cuda_graphs as graphs
 import shared.kernels.norm as norm
 import shared.kernels.paged_attention as pa
 import shared.kernels.qmatmul.packed_int8_rows as rows
+import shared.kernels.rope_kv as rope_kv
+import shared.model.batch as batch
 import shared.model.linear as linear
+import shared.sampling.sampler as sampler
 import tools.ab_w1 as ab
 from shared.model.weights import WeightLoader
 
@@ -30,6 +33,10 @@ def _state() -> tuple:
             graphs.decode_tile_keys(128, torch.bfloat16, 1 << 15),
         ),
         rows.DEFAULT_CACHE,
+        rope_kv._MIN_PROGRAMS,
+        sampler.argmax_rows,
+        batch.to_device_packed,
+        pa._PREFETCH,
     )
 
 
@@ -54,6 +61,10 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-64": {5},
         "cache-0": {6},
         "cache-3": {6},
+        "rope-wide": {7},
+        "argmax-torch": {8},
+        "copies-apart": {9},
+        "prefetch-off": {10},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")
@@ -64,3 +75,13 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
             assert hint == rows.DEFAULT_CACHE
     with pytest.raises(SystemExit, match="unknown variant"):
         ab.enter_variant(ExitStack(), "nope")
+
+
+def test_the_replaced_forms_compute_the_same() -> None:
+    parts = [([1, 2, 3], torch.int64), ([4, 5], torch.int32)]
+    apart = ab._separate_copies(parts, "cpu")
+    packed = batch.to_device_packed(parts, "cpu")
+    assert [t.tolist() for t in apart] == [t.tolist() for t in packed]
+    assert [t.dtype for t in apart] == [torch.int64, torch.int32]
+    x = torch.tensor([[0.0, 2.0, 2.0], [3.0, -1.0, 0.5]])
+    assert ab._torch_argmax(x).tolist() == [1, 0]

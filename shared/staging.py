@@ -33,19 +33,17 @@ def to_device_packed(
 ) -> list[torch.Tensor]:
     """Integer lists (int64 or int32 each) as 1-D device tensors, in one host->device copy:
     views of one buffer, each contiguous and 16-byte aligned."""
-    sizes = [_padded(len(x), torch.tensor([], dtype=d).element_size()) for x, d in parts]
     offsets, total = [], 0  # in bytes
-    for (_, dtype), n in zip(parts, sizes, strict=True):
+    for values, dtype in parts:
         offsets.append(total)
-        total += n * torch.tensor([], dtype=dtype).element_size()
+        total += _padded(len(values), dtype.itemsize) * dtype.itemsize
     host = torch.zeros(total, dtype=torch.uint8)
     for (values, dtype), at in zip(parts, offsets, strict=True):
         if values:
-            size = len(values) * torch.tensor([], dtype=dtype).element_size()
-            host[at : at + size].view(dtype).copy_(torch.tensor(values, dtype=dtype))
+            end = at + len(values) * dtype.itemsize
+            host[at:end].view(dtype).copy_(torch.tensor(values, dtype=dtype))
     dev = to_device(host, device)
-    out = []
-    for (values, dtype), at in zip(parts, offsets, strict=True):
-        size = len(values) * torch.tensor([], dtype=dtype).element_size()
-        out.append(dev[at : at + size].view(dtype))
-    return out
+    return [
+        dev[at : at + len(values) * dtype.itemsize].view(dtype)
+        for (values, dtype), at in zip(parts, offsets, strict=True)
+    ]

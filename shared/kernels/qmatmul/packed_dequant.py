@@ -11,8 +11,8 @@ GEMM and the dense reference round it (a zero may come out +0.0 where the refere
 Reference: ``unpack(pw).to(dtype)`` (tests/test_kernel_packed_dequant.py).
 
 ``dequantize_packed_rows``: the same for some rows only, gathered by index in the same launch
-(a token embedding's lookup: at batch 1 torch's dequantization of one Q4_K row took about 15
-launches, BENCHMARKS.md (ab)).
+(a token embedding's lookup: at batch 1 torch dequantized the row in a few dozen small
+launches, about 60 us a step with their gaps on the H200, BENCHMARKS.md (ab)).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ skiff_down() { pkill -INT -f "shared.cli serve" ; sleep 5; pkill -9 -f "services
 
 if [ "${1:-}" = prepare ]; then
   if [ ! -x $BUILD/bin/llama-server ]; then
-    setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
+    setsid nice -n 19 bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
       > /tmp/llama-build.log 2>&1 < /dev/null &
   fi
   [ -f $MODEL ] || python3 -m tools.llama3_shape $MODEL --type ${MODEL_TYPE:-f16} 2>&1 | tee "$OUT/model.txt"
@@ -62,7 +62,7 @@ if [ -n "${TEST_FILES:-}" ]; then  # GPU tests first (synthetic models: carry .d
 fi
 [ -f $MODEL ] || python3 -m tools.llama3_shape $MODEL --type ${MODEL_TYPE:-f16}
 if [ -z "${ONLY_B:-}${NO_LLAMA:-}" ] && [ ! -x $BUILD/bin/llama-server ] && [ ! -f /tmp/llama-build.log ]; then
-  setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
+  setsid nice -n 19 bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz $BUILD \
     > /tmp/llama-build.log 2>&1 < /dev/null &
 fi
 R="$OUT/results.jsonl"; : > "$R"

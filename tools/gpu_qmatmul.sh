@@ -14,8 +14,8 @@ export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
 STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, tune (TUNE_ARGS), ab, w6
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
-case " $STAGES " in *" llama "*)  # built meanwhile, only when llama-bench will run
-  [ -x $BUILD/bin/llama-bench ] || setsid bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
+case " $STAGES " in *" llama "*)  # built meanwhile (niced: in (ab) it starved the tests stage)
+  [ -x $BUILD/bin/llama-bench ] || setsid nice -n 19 bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
     $BUILD > /tmp/llama-build.log 2>&1 < /dev/null & ;;
 esac
 { date -u; echo "commit ${SKIFF_COMMIT:-unknown}"

@@ -35,11 +35,8 @@ from shared.kernels.attention_plan import pick_tiles as _pick_tiles  # a name te
 from shared.kernels.device import interpreted, max_shared_memory
 from shared.kernels.device import num_sms as _num_sms  # a module name the tests can patch
 from shared.kernels.gdc import launch_kw, pdl
-from shared.kernels.paged_attention_jit import (
-    _combine_splits_kernel,
-    _fp8_e4m3_from_bytes,
-    _paged_attention_kernel,
-)
+from shared.kernels.paged_attention_combine import _combine_splits_kernel
+from shared.kernels.paged_attention_jit import _fp8_e4m3_from_bytes, _paged_attention_kernel
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for
 from shared.ops.paged_attention_fp8 import fixed_scales
 

@@ -1,5 +1,6 @@
 """The Triton programs behind `shared.kernels.paged_attention` (see its docstring for the
-contract and the design); the wrapper there checks inputs, picks tiles and launches these."""
+contract and the design); the wrapper there checks inputs, picks tiles and launches these. The
+split-K combine pass is `paged_attention_combine`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_next, wait_prev
-from shared.kernels.qmatmul.int8_activations import round_blocks
 from shared.kernels.rounding import FP16_MAX, fp16_range, to_dtype
 
 # per-token FP8 scales: the probabilities are multiplied by V's scale times this (see _attend_tile)
@@ -347,61 +347,3 @@ def _paged_attention_kernel(
         o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_o_t + head[:, None] * stride_o_h + d[None, :]
         tl.store(out_ptr + o_off, to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED), mask=io_mask)
-
-
-@triton.jit
-def _combine_splits_kernel(
-    out_ptr,  # [T, n_heads, head_dim]
-    part_acc_ptr,  # [num_splits, T, n_heads, head_dim] float32
-    part_m_ptr,  # [num_splits, T, n_heads] float32
-    part_l_ptr,  # [num_splits, T, n_heads] float32
-    num_splits,
-    splits_ptr,  # [1] int32: the slices used (DYNAMIC_SPLITS only); 1 = out is written already
-    stride_o_t: tl.int64,
-    stride_o_h: tl.int64,
-    stride_pa_s: tl.int64,
-    stride_pa_t: tl.int64,
-    stride_pa_h: tl.int64,
-    stride_pm_s: tl.int64,
-    stride_pm_t: tl.int64,
-    stride_pm_h: tl.int64,
-    xq_ptr,
-    xd_ptr,
-    xs_ptr,  # the (single) token's output rounded to int8 in layout (W, G) (ROUND)
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    SPLITS: tl.constexpr,  # num_splits rounded up to a power of two
-    DYNAMIC_SPLITS: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-    PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
-    ROUND: tl.constexpr = False,  # one token, BLOCK_D = HEAD_DIM, a multiple of W
-    W: tl.constexpr = 32,
-    G: tl.constexpr = 8,
-):
-    launch_next(PDL)
-    n_splits = num_splits
-    if DYNAMIC_SPLITS:
-        n_splits = tl.load(splits_ptr)  # before the wait, as the attention kernel's
-    wait_prev(PDL)  # before the early return, as the attention kernel's
-    if n_splits == 1:
-        return
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    s = tl.arange(0, SPLITS)
-    s_ok = s < n_splits
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    pm_off = s * stride_pm_s + token * stride_pm_t + head * stride_pm_h
-    m = tl.load(part_m_ptr + pm_off, mask=s_ok, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + pm_off, mask=s_ok, other=0.0)
-    m_max = tl.max(m, 0)
-    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty slices weigh 0
-    pa_off = s[:, None] * stride_pa_s + token * stride_pa_t + head * stride_pa_h + d[None, :]
-    acc = tl.load(part_acc_ptr + pa_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
-    o = to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED)
-    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + d, o, mask=d_ok)
-    if ROUND:  # the head's sub-blocks of the output row, from the stored values
-        b0 = head * (HEAD_DIM // W)
-        y = tl.reshape(o.to(tl.float32), (BLOCK_D // W, W))
-        round_blocks(y, b0, b0 + HEAD_DIM // W, xq_ptr, xd_ptr, xs_ptr, W, G)

@@ -22,7 +22,9 @@ class CausalLM(nn.Module):
         self.rope_factors = (
             w.vector("rope_freqs.weight", cfg.rope_dim // 2) if w.has("rope_freqs.weight") else None
         )
-        self.embed = w.embedding("token_embd.weight", cfg.vocab_size, cfg.d_model)
+        self.embed = w.embedding(
+            "token_embd.weight", cfg.vocab_size, cfg.d_model, cfg.tied_embeddings
+        )
         self.layers = nn.ModuleList(self.make_layer(cfg, w, i) for i in range(cfg.n_layers))
         self.norm = w.vector("output_norm.weight", cfg.d_model)
         if cfg.tied_embeddings:

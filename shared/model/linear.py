@@ -44,6 +44,11 @@ FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 _GEMV_MAX_M = 64
 
 
+def packable(qtype: int, shape: tuple[int, int]) -> bool:
+    """Whether a weight of this type and shape can be repacked into the kernels' planes."""
+    return qtype in PACKED_TYPES and shape[1] % CHUNK[qtype] == 0
+
+
 class QuantLinear(nn.Module):
     def __init__(
         self,
@@ -75,7 +80,7 @@ class QuantLinear(nn.Module):
             self.dense_copy = self._dequantize()
             if qtype in FLOAT_TYPES:
                 self.raw = None  # the dense copy is the same values; keep one
-        elif use_kernels and qtype in PACKED_TYPES and shape[1] % CHUNK[qtype] == 0:
+        elif use_kernels and packable(qtype, shape):
             self.packed = pack(raw, qtype, shape)
             if self.packed.q.is_cuda and wants_rows(qtype):  # batch 1 on the rows GEMV
                 self.packed = interleave(self.packed)
@@ -162,7 +167,7 @@ class QuantEmbedding(nn.Module):
         super().__init__()
         self.raw, self.qtype, self.shape, self.compute_dtype = raw, qtype, shape, compute_dtype
         self.packed = None
-        if use_kernels and qtype in PACKED_TYPES and shape[1] % CHUNK[qtype] == 0:
+        if use_kernels and packable(qtype, shape):
             self.packed, self.raw = pack(raw, qtype, shape), None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -8,11 +8,9 @@ import warnings
 import numpy as np
 import torch
 
-from shared.kernels.qmatmul import PACKED_TYPES
-from shared.kernels.qmatmul.packed import CHUNK
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.loader import GGUFError, GGUFFile
-from shared.model.linear import GatedLinear, QuantEmbedding, QuantLinear, SplitLinear
+from shared.model.linear import GatedLinear, QuantEmbedding, QuantLinear, SplitLinear, packable
 from shared.model.ops_backend import TorchOps
 from shared.quant import SUPPORTED_TYPES, dequantize
 
@@ -82,7 +80,7 @@ class WeightLoader:
         the activations at batch 1). Without, one matmul each."""
         infos = [self.f.info(f"{name}.weight") for name in names]
         keys = [(i.qtype, self.has(f"{n}.bias")) for i, n in zip(infos, names, strict=True)]
-        if not self.use_kernels or self.cache_dequantized:
+        if not self.packs:
             keys = list(range(len(names)))  # every projection its own run
         parts = []
         for _, group in itertools.groupby(range(len(names)), key=keys.__getitem__):
@@ -119,11 +117,9 @@ class WeightLoader:
         infos = [self.f.info(f"{name}.weight") for name in (gate, up)]
         qtype = infos[0].qtype
         if (
-            not self.use_kernels
-            or self.cache_dequantized
+            not self.packs
             or infos[1].qtype != qtype
-            or qtype not in PACKED_TYPES
-            or in_features % CHUNK[qtype]
+            or not packable(qtype, (out, in_features))
             or self.has(f"{gate}.bias")
             or self.has(f"{up}.bias")
         ):
@@ -138,25 +134,28 @@ class WeightLoader:
         )  # fmt: skip
         return GatedLinear(fused, act)
 
-    def embedding(self, name: str, vocab: int, dim: int) -> QuantEmbedding:
+    @property
+    def packs(self) -> bool:
+        """Whether quantized weights become packed planes (linears and embeddings alike)."""
+        return self.use_kernels and not self.cache_dequantized
+
+    def embedding(self, name: str, vocab: int, dim: int, tied: bool = False) -> QuantEmbedding:
+        """The token embedding; `tied`: the output reuses it (``tied_lm_head``), which packs
+        the blocks once for both, so they stay blocks here until then."""
         raw, qtype = self._raw(name, (vocab, dim))
-        packs = self.use_kernels and not self.cache_dequantized  # as the linears
-        return QuantEmbedding(raw, qtype, (vocab, dim), self.compute_dtype, packs)
+        return QuantEmbedding(raw, qtype, (vocab, dim), self.compute_dtype, self.packs and not tied)
 
     def vector(self, name: str, dim: int) -> torch.Tensor:
         """A norm weight or bias, dequantized to float32."""
         raw, qtype = self._raw(name, (dim,))
         return dequantize(raw.reshape(-1), qtype, (dim,))
 
-    def tied_lm_head(
-        self, embedding: QuantEmbedding, name: str = "token_embd.weight"
-    ) -> QuantLinear:
-        """The output projection reusing the token embedding's blocks (tied weights). An
-        embedding that keeps packed planes (not the blocks) looks its rows up in the head's
-        planes after this: one copy of the weight on the device."""
-        raw = embedding.raw if embedding.raw is not None else self._raw(name, embedding.shape)[0]
+    def tied_lm_head(self, embedding: QuantEmbedding) -> QuantLinear:
+        """The output projection reusing the token embedding's blocks (tied weights). When the
+        head packs them, the embedding looks its rows up in the head's planes and drops the
+        blocks: one copy of the weight on the device."""
         head = QuantLinear(
-            raw,
+            embedding.raw,
             embedding.qtype,
             embedding.shape,
             self.compute_dtype,
@@ -165,8 +164,8 @@ class WeightLoader:
             self.use_kernels,
             self.tuner,
         )
-        if embedding.packed is not None and head.packed is not None:
-            embedding.packed = head.packed
+        if self.packs and head.packed is not None:
+            embedding.packed, embedding.raw = head.packed, None
         return head
 
 

@@ -64,6 +64,19 @@ def _dequant_kernel(
         tl.store(out + j * W, val, mask=nmask[:, None])
 
 
+def _launch(pw: PackedWeight, out: torch.Tensor, ids: torch.Tensor | None, block_n: int,
+            num_warps: int = 4) -> torch.Tensor:  # fmt: skip
+    """_dequant_kernel over out's rows: pw's rows in order, or rows `ids` (GATHER)."""
+    n = out.shape[0]
+    grid = (triton.cdiv(n, block_n), pw.shape[1] // CHUNK[pw.qtype])
+    _dequant_kernel[grid](
+        *planes(pw), out, out if ids is None else ids, n, *strides(pw), out.stride(0), MAGIC,
+        **fields(pw), BLOCK_N=block_n, R32=pw.rows32, INTERPRETED=interpreted(_dequant_kernel),
+        GATHER=ids is not None, num_warps=num_warps,
+    )  # fmt: skip
+    return out
+
+
 def dequantize_packed(
     pw: PackedWeight, dtype: torch.dtype, out: torch.Tensor | None = None, block_n: int = 32
 ) -> torch.Tensor:
@@ -73,12 +86,7 @@ def dequantize_packed(
         out = torch.empty((n, k), dtype=dtype, device=pw.q.device)
     elif out.shape != (n, k) or out.dtype != dtype or out.stride(1) != 1:
         raise ValueError(f"dequantize_packed: out must be [{n}, {k}] {dtype} with unit last stride")
-    grid = (triton.cdiv(n, block_n), k // CHUNK[pw.qtype])
-    _dequant_kernel[grid](
-        *planes(pw), out, out, n, *strides(pw), out.stride(0), MAGIC, **fields(pw),
-        BLOCK_N=block_n, R32=pw.rows32, INTERPRETED=interpreted(_dequant_kernel), num_warps=4,
-    )  # fmt: skip
-    return out
+    return _launch(pw, out, None, block_n)
 
 
 def dequantize_packed_rows(pw: PackedWeight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -88,15 +96,8 @@ def dequantize_packed_rows(pw: PackedWeight, ids: torch.Tensor, dtype: torch.dty
     if ids.dim() != 1 or ids.dtype != torch.int64:
         raise ValueError(f"dequantize_packed_rows: ids must be 1-D int64, got {ids.dtype} "
                          f"{tuple(ids.shape)}")  # fmt: skip
-    n, k = ids.shape[0], pw.shape[1]
-    out = torch.empty((n, k), dtype=dtype, device=pw.q.device)
-    if n == 0:
+    out = torch.empty((ids.shape[0], pw.shape[1]), dtype=dtype, device=pw.q.device)
+    if ids.shape[0] == 0:
         return out
-    block_n = min(32, max(1, triton.next_power_of_2(n)))
-    grid = (triton.cdiv(n, block_n), k // CHUNK[pw.qtype])
-    _dequant_kernel[grid](
-        *planes(pw), out, ids.contiguous(), n, *strides(pw), out.stride(0), MAGIC, **fields(pw),
-        BLOCK_N=block_n, R32=pw.rows32, INTERPRETED=interpreted(_dequant_kernel), GATHER=True,
-        num_warps=4 if block_n >= 16 else 1,
-    )  # fmt: skip
-    return out
+    block_n = min(32, triton.next_power_of_2(ids.shape[0]))
+    return _launch(pw, out, ids.contiguous(), block_n, 4 if block_n >= 16 else 1)

@@ -37,6 +37,7 @@ def _state() -> tuple:
         sampler.argmax_rows,
         batch.to_device_packed,
         pa._PREFETCH,
+        linear._PAIRED,
     )
 
 
@@ -65,6 +66,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "argmax-torch": {8},
         "copies-apart": {9},
         "prefetch-off": {10},
+        "pair-off": {11},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -17,7 +17,8 @@ rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each)
 ``cache-3`` (evict-first on the rows GEMV's scale loads too); ``rope-wide`` (RoPE + KV write in
 programs of 16 heads at every token count, as before (ab)); ``argmax-torch`` (greedy picks by
 torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
-``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab)).
+``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
+``pair-off`` (a Q/K/V of two types, Q4_K_M's q/k and v, in one launch a type, as before (ac)).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
+    "pair-off": (_off("shared.model.linear", "_PAIRED", False),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

@@ -27,8 +27,9 @@ HBM_BYTES_PER_S = 4.3e12
 
 
 def run_once(
-    engine, seq_cls, params, prompt: list[int], gen: int, seq_id: int
+    engine, seq_cls, params, prompt: list[int], gen: int, seq_id: int, gaps: list | None = None
 ) -> tuple[float, float]:
+    """(prefill tok/s, decode tok/s); gaps, if given, gets the times between tokens (s)."""
     seq = seq_cls(seq_id, prompt, params, gen, frozenset(), None)
     engine.add(seq)
     t0 = time.perf_counter()
@@ -37,7 +38,10 @@ def run_once(
     while engine.has_work():
         for _ in engine.step():
             n += 1
-            t_last = time.perf_counter()
+            now = time.perf_counter()
+            if t_last is not None and gaps is not None:
+                gaps.append(now - t_last)
+            t_last = now
             t_first = t_first or t_last
     assert n == gen, f"generated {n} tokens, wanted {gen}"
     return len(prompt) / (t_first - t0), (n - 1) / (t_last - t_first)
@@ -75,7 +79,10 @@ def bench(
         torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(runs + 1)
     ]
     run_once(engine, Sequence, params, prompts[0], 16, 0)  # warm-up (compiles, allocator)
-    timings = [run_once(engine, Sequence, params, p, gen, i + 1) for i, p in enumerate(prompts[1:])]
+    gaps: list[float] = []
+    timings = [
+        run_once(engine, Sequence, params, p, gen, i + 1, gaps) for i, p in enumerate(prompts[1:])
+    ]
     pp, tg = [t[0] for t in timings], [t[1] for t in timings]
     size = path.stat().st_size
     bound = HBM_BYTES_PER_S / size
@@ -86,9 +93,23 @@ def bench(
         f"tg{gen}_tok_s": round(tg_med, 1),
         "tg_runs": [round(x, 1) for x in tg], "bound_tok_s": round(bound, 1),
         "of_bound": round(tg_med / bound, 3),
+        # between tokens (ms): a host stall shows as a long one, not in the median
+        "gap_ms": _spread(gaps),
         "kv_cache": str(engine.runner.kv.k[0].dtype).removeprefix("torch.")
         + (" (per-head scales)" if engine.runner.kv.head_scales else ""),
     }  # fmt: skip
+
+
+def _spread(gaps: list[float]) -> dict:
+    """Median, 99th percentile and longest of the times between tokens, in ms; how many took
+    over 1.5 times the median."""
+    if not gaps:
+        return {}
+    ms = sorted(g * 1e3 for g in gaps)
+    med = statistics.median(ms)
+    p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
+    over = sum(g > 1.5 * med for g in ms)
+    return {"p50": round(med, 3), "p99": round(p99, 3), "max": round(ms[-1], 3), "over_1.5x": over}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,3 +127,27 @@ def compile_rope_kv(kv: str, arch: int = 90):
             k_scale_cache=scales, v_scale_cache=scales,
         )  # fmt: skip
     return compiled["_rope_write_kv_kernel"]
+
+
+def compile_pair(types: tuple[int, int], arch: int = 90):
+    """Two rows GEMVs in one launch as ``SplitLinear`` makes it at batch 1 for Llama-3-8B's
+    q/k (5,120 rows) and v (1,024 rows) of the two types, bf16 activations."""
+    import shared.kernels.qmatmul.packed_int8_pair as pair
+    from shared.kernels.qmatmul.int8_activations import int8_buffers
+    from shared.kernels.qmatmul.packed import pack
+    from shared.kernels.qmatmul.packed_rows import interleave
+    from shared.quant import block_geometry
+
+    def weight(qtype: int, n: int):
+        block, size = block_geometry(qtype)
+        raw = torch.zeros(n, 4096 // block * size, dtype=torch.uint8)
+        return interleave(pack(raw, qtype, (n, 4096)))
+
+    with _compile_only(arch, pair) as compiled:
+        a, b = weight(types[0], 5120), weight(types[1], 1024)
+        x = torch.empty(1, 4096, dtype=torch.bfloat16)
+        splits = pair.pair_splits(a, b, 4)
+        cfg = {"ROWS": 1, "num_warps": 4}
+        pair.rows_gemv_pair(x, a, b, int8_buffers(x[0], a), int8_buffers(x[0], b), cfg, splits,
+                            False)  # fmt: skip
+    return compiled["gemv_int8_pair_kernel"]

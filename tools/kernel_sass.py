@@ -34,7 +34,7 @@ from shared.kernels.qmatmul.packed_chunk import MAGIC
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.quant import block_geometry
-from tools.compile_launches import compile_attention, compile_norm, compile_rope_kv
+from tools.compile_launches import compile_attention, compile_norm, compile_pair, compile_rope_kv
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
           torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8"}  # fmt: skip
@@ -267,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     for kv in ("bf16", "fp8", "fp8-head"):
         build = functools.partial(compile_rope_kv, kv, args.arch)
         if not _report(f"RoPE + KV write, {kv}", build, args.check, args.arch, whole_stats):
+            return 1
+    for pair in ((T.Q4_K, T.Q6_K), (T.Q8_0, T.Q4_K)):
+        build = functools.partial(compile_pair, pair, args.arch)
+        what = f"rows GEMV pair {pair[0].name} + {pair[1].name}"
+        if not _report(what, build, args.check, args.arch, loop_stats):
             return 1
     types = [T[t] for t in args.types] if args.types else sorted(PACKED_TYPES)
     kinds = (("gemv", 1, 4), ("gemv-f", 1, 2), ("gemv-i8", 1, 4), ("gemm", 16, 4),

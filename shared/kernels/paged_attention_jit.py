@@ -116,8 +116,11 @@ def _attend_tile(
 
     k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
     k = _load_kv(k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
-    if PRE:
+    v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
+    if PRE:  # the step's own values too, before the dot: one memory round trip, not two
         k = tl.where(fresh[None, :], k, pre_k)
+        v = _load_kv(v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
+        v = tl.where(fresh[:, None], v, pre_v)
     # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
     s = _dot(q, k, None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
     if TOKEN_SCALES:
@@ -136,10 +139,9 @@ def _attend_tile(
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
 
-    v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
-    v = _load_kv(v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
-    if PRE:
-        v = tl.where(fresh[:, None], v, pre_v)
+    if not PRE:
+        v_ok = key_ok[:, None] & d_ok[None, :]
+        v = _load_kv(v_ptr + v_off, v_ok, KV_FP8, FP8_FROM_BYTES, q.dtype)
     if TOKEN_SCALES:
         # V's per-token scale goes into the probabilities, p @ (v * s) = (p * s) @ v: one
         # multiply a score and one rounding, where scaling V took a multiply, a clamp and two

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shared.kernels.device import interpreted
 from shared.kernels.qmatmul import (
     KQUANT_TYPES,
     LEGACY_TYPES,
@@ -35,13 +36,20 @@ from shared.kernels.qmatmul import (
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for, int8_layout
 from shared.kernels.qmatmul.packed import CHUNK
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed_rows
-from shared.kernels.qmatmul.packed_matmul import ACTS, rounds_gated
+from shared.kernels.qmatmul.packed_int8_pair import (
+    gemv_int8_pair_kernel,
+    pair_splits,
+    rows_gemv_pair,
+)
+from shared.kernels.qmatmul.packed_matmul import ACTS, default_config, rounds_gated, rows_plan
 from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.quant import dequantize
 
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 _GEMV_MAX_M = 64
+# batch 1: two parts of a SplitLinear of different types in one launch (SplitLinear._paired)
+_PAIRED = True
 
 
 def packable(qtype: int, shape: tuple[int, int]) -> bool:
@@ -208,11 +216,36 @@ class SplitLinear(nn.Module):
         return tuple(sorted({lay for p in self.parts if (lay := p.int8_layout(m)) is not None}))
 
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> tuple[torch.Tensor, ...]:
+        ys = self._paired(x, rounded) or [part(x, rounded) for part in self.parts]
         out: list[torch.Tensor] = []
-        for part, run in zip(self.parts, self.runs, strict=True):
-            y = part(x, rounded)
+        for y, run in zip(ys, self.runs, strict=True):
             out.extend(torch.split(y, run, dim=-1) if len(run) > 1 else (y,))
         return tuple(out)
+
+    def _paired(self, x: torch.Tensor, rounded: dict | None) -> list[torch.Tensor] | None:
+        """Two parts of different types (Q4_K_M's q/k and v) multiplied in one launch at batch
+        1 (``packed_int8_pair``), when both run the rows GEMV on x rounded ahead for their
+        layouts; None otherwise (one launch a part)."""
+        if not _PAIRED or len(self.parts) != 2 or not rounded:
+            return None
+        a, b = self.parts
+        x2 = x.reshape(-1, a.shape[1])
+        layouts = (a.int8_layout(x2.shape[0]), b.int8_layout(x2.shape[0]))
+        if any(lay is None or lay not in rounded for lay in layouts):
+            return None
+        cfg = a.matmul_args(x2)["config"] or default_config(
+            1, a.shape[0], a.shape[1], x.device, a.packed.qtype, dtype=x.dtype
+        )
+        cfg, splits = rows_plan(a.packed, cfg)
+        splits = pair_splits(a.packed, b.packed, splits)
+        if splits is None:
+            return None
+        ys = rows_gemv_pair(x2, a.packed, b.packed, rounded[layouts[0]], rounded[layouts[1]],
+                            cfg, splits, interpreted(gemv_int8_pair_kernel))  # fmt: skip
+        return [
+            (y if lin.bias is None else y + lin.bias).reshape(*x.shape[:-1], lin.shape[0])
+            for y, lin in zip(ys, (a, b), strict=True)
+        ]
 
 
 class GatedLinear(nn.Module):

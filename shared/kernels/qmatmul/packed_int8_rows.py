@@ -299,36 +299,14 @@ def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, H
 
 
 @triton.jit
-def gemv_int8_rows_kernel(
-    x_ptr,  # [K] activations (read only with QX)
-    xq_ptr, xd_ptr, xs_ptr,  # the rounded activations (int8_activations) for the weight's (W, G)
-    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,  # row-interleaved planes (packed_rows)
-    out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
-    part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
-    oq_ptr, od_ptr, os_ptr,  # with ACT and OUT_W: the gated outputs rounded to int8
-    N, n_chunks, per_split, stride_q, stride_s, stride_d,
-    QTYPE: tl.constexpr,
-    HI: tl.constexpr,
-    W: tl.constexpr,  # words per chunk
-    G: tl.constexpr,  # fields (sub-blocks) per word
-    KW: tl.constexpr,  # chunks in flight (one a warp with num_warps = KW)
-    SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
-    PREFETCH: tl.constexpr,  # request the next KW chunks before multiplying these
-    QX: tl.constexpr,  # round this split's activation chunks here (no launch of their own)
-    ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
-    PDL: tl.constexpr,  # launched early (gdc): the first chunks load before wait_prev
-    INTERPRETED: tl.constexpr,
-    OUT_W: tl.constexpr = 0,  # > 0 (16 or 32, with ACT): round the outputs in layout (OUT_W,
-    OUT_G: tl.constexpr = 8,  # OUT_G) for the next GEMV (split_tickets.round_gated)
-    CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (CACHE_HINTS)
-    EP: tl.constexpr = "",
-    SEP: tl.constexpr = "",  # the scale words' eviction policy
-):  # fmt: skip
-    launch_next(PDL)
-    tile = tl.program_id(0).to(tl.int64)
-    rows = tile * ROWS + tl.arange(0, ROWS)
-    c0 = tl.program_id(1) * per_split
-    c1 = tl.minimum(c0 + per_split, n_chunks)
+def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile,
+             c0, c1, stride_q, stride_s, stride_d, QTYPE: tl.constexpr, HI: tl.constexpr,
+             W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr, PREFETCH: tl.constexpr,
+             QX: tl.constexpr, PDL: tl.constexpr, INTERPRETED: tl.constexpr, CM: tl.constexpr,
+             EP: tl.constexpr, SEP: tl.constexpr):  # fmt: skip
+    """The 32 rows' dot products over chunks c0 .. c1 - 1 of row tile `tile` ([32] float32):
+    the first chunks' weights requested before ``wait_prev`` (PDL), the activations after it
+    (rounded here first with QX). Arguments as gemv_int8_rows_kernel's."""
     acc = tl.zeros((ROWS, KW), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
@@ -359,7 +337,43 @@ def gemv_int8_rows_kernel(
                         c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
             cur = nxt
-    y = tl.sum(acc, axis=1)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def gemv_int8_rows_kernel(
+    x_ptr,  # [K] activations (read only with QX)
+    xq_ptr, xd_ptr, xs_ptr,  # the rounded activations (int8_activations) for the weight's (W, G)
+    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,  # row-interleaved planes (packed_rows)
+    out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
+    part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
+    oq_ptr, od_ptr, os_ptr,  # with ACT and OUT_W: the gated outputs rounded to int8
+    N, n_chunks, per_split, stride_q, stride_s, stride_d,
+    QTYPE: tl.constexpr,
+    HI: tl.constexpr,
+    W: tl.constexpr,  # words per chunk
+    G: tl.constexpr,  # fields (sub-blocks) per word
+    KW: tl.constexpr,  # chunks in flight (one a warp with num_warps = KW)
+    SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
+    PREFETCH: tl.constexpr,  # request the next KW chunks before multiplying these
+    QX: tl.constexpr,  # round this split's activation chunks here (no launch of their own)
+    ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
+    PDL: tl.constexpr,  # launched early (gdc): the first chunks load before wait_prev
+    INTERPRETED: tl.constexpr,
+    OUT_W: tl.constexpr = 0,  # > 0 (16 or 32, with ACT): round the outputs in layout (OUT_W,
+    OUT_G: tl.constexpr = 8,  # OUT_G) for the next GEMV (split_tickets.round_gated)
+    CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (CACHE_HINTS)
+    EP: tl.constexpr = "",
+    SEP: tl.constexpr = "",  # the scale words' eviction policy
+):  # fmt: skip
+    launch_next(PDL)
+    tile = tl.program_id(0).to(tl.int64)
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    c0 = tl.program_id(1) * per_split
+    c1 = tl.minimum(c0 + per_split, n_chunks)
+    y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+                 tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
+                 PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
     last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
     if OUT_W > 0:  # noqa: SIM102 - a compile-time test around a runtime one
         if last:

@@ -279,12 +279,19 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None)
     program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
     tiles = triton.cdiv(pw.shape[0], ROWS)
-    if not cfg.get("ROWS"):
-        cfg = {"ROWS": 1, "num_warps": 4}
-    splits = cfg.get("SPLIT_K") or default_rows_split(pw)
+    cfg, splits = rows_plan(pw, cfg)
     per_split, splits, targets = _split_targets(out, pw, n_chunks, splits)
     launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp, int8,
                      out_int8)  # fmt: skip
+
+
+def rows_plan(pw: PackedWeight, cfg: dict) -> tuple[dict, int]:
+    """The rows GEMV's (config, split count) for pw from a resolved config: a config of
+    another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps; the split is
+    ``SPLIT_K`` or ``default_rows_split``."""
+    if not cfg.get("ROWS"):
+        cfg = {"ROWS": 1, "num_warps": 4}
+    return cfg, cfg.get("SPLIT_K") or default_rows_split(pw)
 
 
 def _split_targets(out, pw, n_chunks: int, splits: int) -> tuple[int, int, tuple]:

@@ -38,7 +38,6 @@ def _state() -> tuple:
         batch.to_device_packed,
         pa._PREFETCH,
         linear._PAIRED,
-        pa._FUSED_COMBINE,
     )
 
 
@@ -68,7 +67,6 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "copies-apart": {9},
         "prefetch-off": {10},
         "pair-off": {11},
-        "combine-apart": {12},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -18,8 +18,7 @@ rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each)
 programs of 16 heads at every token count, as before (ab)); ``argmax-torch`` (greedy picks by
 torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
 ``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
-``pair-off`` (a Q/K/V of two types, Q4_K_M's q/k and v, in one launch a type, as before (ac));
-``combine-apart`` (decode attention's split-K combine pass in a launch of its own, as before (ac)).
+``pair-off`` (a Q/K/V of two types, Q4_K_M's q/k and v, in one launch a type, as before (ac)).
 """
 
 from __future__ import annotations
@@ -108,7 +107,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
     "pair-off": (_off("shared.model.linear", "_PAIRED", False),),
-    "combine-apart": (_off("shared.kernels.paged_attention", "_FUSED_COMBINE", False),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

@@ -62,13 +62,11 @@ def _compile_only(arch: int, module: object, **patches: object):
 
 
 def compile_attention(
-    kv: str, query_len: int, arch: int = 90, device_splits: bool = False, b: int = 16,
-    fused: bool = False,
-):  # fmt: skip
+    kv: str, query_len: int, arch: int = 90, device_splits: bool = False, b: int = 16
+):
     """The paged-attention kernel as ``paged_attention`` launches it for a Llama-3-8B-like batch
     (b sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache;
-    device_splits: split-K with the count read on the device (mixed-step CUDA graphs); fused:
-    given counters, so that a decode batch combines its slices in the kernel."""
+    device_splits: split-K with the count read on the device (mixed-step CUDA graphs)."""
     import shared.kernels.paged_attention as pa
 
     fp8, sms = (lambda device: True), (lambda device: 132)
@@ -90,7 +88,6 @@ def compile_attention(
         pa.paged_attention(
             q, k, torch.empty_like(k), table, starts, lens, 0.088, max_query_len=query_len,
             k_scale=scales, v_scale=scales, max_seq_len=ctx, **splits,
-            tickets=torch.empty(1 << 16, dtype=torch.int32) if fused else None,
         )  # fmt: skip
     return compiled["_paged_attention_kernel"]
 

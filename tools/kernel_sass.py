@@ -252,14 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for kv in ("bf16", "fp8", "fp8-head"):
         # decode at batch 16 and 1 (a grid of at most two programs an SM: other tiles), prefill
-        for query_len, device_splits, b, fused in ((1, False, 16, False), (1, False, 1, False),
-                                                   (1, False, 1, True), (64, False, 16, False),
-                                                   (64, True, 16, False)):  # fmt: skip
+        for query_len, device_splits, b in ((1, False, 16), (1, False, 1), (64, False, 16),
+                                            (64, True, 16)):  # fmt: skip
             what = f"attention {kv} KV, {b} x {query_len} queries"
             what += ", split count on the device" if device_splits else ""
-            what += ", slices combined in the kernel" if fused else ""
-            build = functools.partial(compile_attention, kv, query_len, args.arch, device_splits, b,
-                                      fused)  # fmt: skip
+            build = functools.partial(compile_attention, kv, query_len, args.arch, device_splits, b)
             if not _report(what, build, args.check, args.arch, loop_stats):
                 return 1
     for layouts in ((), ((32, 8),), ((16, 8), (32, 8)), ((32, 4),)):

@@ -58,10 +58,6 @@ __all__ = [
 # decode with 64-key tiles of a 16-bit cache: a program loads its first tile's blocks and the
 # keys and values of earlier steps before wait_prev (gdc), and only the step's own key after it
 _PREFETCH = True
-# decode split-K given counters (tickets): the last slice's program combines, no second launch
-_FUSED_COMBINE = True
-# floats a thread may hold of a KV head's slices in that combine (past it: the separate pass)
-_COMBINE_FLOATS = 64
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -172,7 +168,6 @@ def paged_attention(
     out: torch.Tensor | None = None,  # [T, n_heads, head_dim] in q.dtype
     num_splits_t: torch.Tensor | None = None,  # [1] int32 on q.device, <= num_splits
     int8_layout: tuple[int, int] | None = None,  # (W, G): also return out rounded to int8
-    tickets: torch.Tensor | None = None,  # int32 counters, zero between launches
 ) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """Attention of q over the paged cache; returns [T, n_heads, head_dim] in q.dtype.
 
@@ -190,12 +185,6 @@ def paged_attention(
     ``int8_activations.prepare_int8`` makes them of out's row for a weight of that layout, when
     the combine pass rounded it (one token, a split count > 1 not read from the device, heads of
     whole sub-blocks; it then saves the next GEMV its rounding launch), else {}.
-
-    tickets (int32 on q.device, zero, left zero): a decode batch's split-K combines in its
-    attention kernel, the last program of each KV head's slices summing them
-    (``paged_attention_combine.combine_in_last``), when the counters cover its programs and
-    the slices of a KV head's group fit in registers; else the combine pass is a kernel of
-    its own.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -263,22 +252,6 @@ def paged_attention(
     splits_t = num_splits_t if dynamic else seq_lens  # a pointer never read without DYNAMIC
     block_q = tiles.block_m // group
     grid = (n_tokens // block_q + num_seqs, n_kv_heads, num_splits)
-    rounded = {}
-    w, g = int8_layout or (32, 8)  # (any layout: the kernels round nothing without ROUND)
-    one_row = int8_layout and not dynamic and n_tokens == 1
-    if num_splits > 1 and one_row and _rounds_heads(head_dim, w):
-        rounded = {int8_layout: int8_buffers_for(n_heads * head_dim, w, g, q.device)}
-    bufs = rounded[int8_layout] if rounded else (out,) * 3
-    gp2, splits_p2 = triton.next_power_of_2(group), triton.next_power_of_2(num_splits)
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    fused = (
-        _FUSED_COMBINE
-        and num_splits > 1
-        and max_query_len <= 1
-        and tickets is not None
-        and tickets.numel() >= grid[0] * n_kv_heads
-        and gp2 * splits_p2 * block_d <= _COMBINE_FLOATS * tiles.num_warps * 32
-    )
     early = pdl(q.device, _paged_attention_kernel)
     _paged_attention_kernel[grid](
         out, part_acc, part_m, part_l,
@@ -289,9 +262,8 @@ def paged_attention(
         *k_cache.stride()[:3], *v_cache.stride()[:3], *ks_strides, *vs_strides,
         block_tables.stride(0),
         *part_acc.stride()[:3], *part_m.stride()[:3],
-        tickets if fused else seq_lens, *bufs,
         HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         GROUP=group,
         BLOCK_M=tiles.block_m,
         BLOCK_Q=block_q,
@@ -307,23 +279,22 @@ def paged_attention(
         INTERPRETED=_interpreted(),
         PDL=early,
         PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
-        COMBINE=fused,
-        GP2=gp2,
-        SPLITS_P2=splits_p2,
-        ROUND=fused and bool(rounded),
-        W=w,
-        G=g,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),
     )  # fmt: skip
-    if num_splits > 1 and not fused:
+    rounded = {}
+    if num_splits > 1:
+        w, g = int8_layout or (32, 8)  # (any layout: the kernel rounds nothing without ROUND)
+        if int8_layout and not dynamic and n_tokens == 1 and _rounds_heads(head_dim, w):
+            rounded = {int8_layout: int8_buffers_for(n_heads * head_dim, w, g, q.device)}
+        bufs = rounded[int8_layout] if rounded else (out,) * 3
         _combine_splits_kernel[(n_tokens, n_heads)](
             out, part_acc, part_m, part_l, num_splits, splits_t,
             out.stride(0), out.stride(1), *part_acc.stride()[:3], *part_m.stride()[:3], *bufs,
             HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            SPLITS=splits_p2,
+            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+            SPLITS=triton.next_power_of_2(num_splits),
             DYNAMIC_SPLITS=dynamic,
             INTERPRETED=_interpreted(),
             PDL=early,

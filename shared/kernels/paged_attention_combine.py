@@ -1,8 +1,6 @@
 """The pass after a split-K paged attention (``paged_attention_jit``): each head's slices,
 weighted by their maxima, summed into the output row, and with ROUND rounded to int8 for the
-next GEMV. ``shared.kernels.paged_attention`` launches it as a kernel of its own, or a decode
-batch's attention kernel runs it in the last program of each KV head's slices
-(``combine_in_last``)."""
+next GEMV. ``shared.kernels.paged_attention`` launches it."""
 
 from __future__ import annotations
 
@@ -70,49 +68,3 @@ def _combine_splits_kernel(
         b0 = head * (HEAD_DIM // W)
         y = tl.reshape(o.to(tl.float32), (BLOCK_D // W, W))
         round_blocks(y, b0, b0 + HEAD_DIM // W, xq_ptr, xd_ptr, xs_ptr, W, G)
-
-
-@triton.jit
-def combine_in_last(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, tickets_ptr, xq_ptr, xd_ptr, xs_ptr,
-    ticket_at, token, kv_head, n_splits,
-    stride_o_t, stride_o_h, stride_pa_s, stride_pa_t, stride_pa_h,
-    stride_pm_s, stride_pm_t, stride_pm_h,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, GP2: tl.constexpr,
-    SPLITS: tl.constexpr, INTERPRETED: tl.constexpr, ROUND: tl.constexpr, W: tl.constexpr,
-    G: tl.constexpr,
-):  # fmt: skip
-    """The combine pass inside the split-K attention kernel of a decode batch: after a program
-    stored its slice's partials for `token`'s GROUP heads of `kv_head`, it draws a ticket
-    (``tickets[ticket_at]``, acquire-release at GPU scope after a CTA barrier, as the GEMVs'
-    ``split_tickets``); the last of the n_splits programs reads every slice back from L2 and
-    writes the heads' outputs (and with ROUND their int8 rounding, as _combine_splits_kernel),
-    then sets the counter back to zero. One launch less a layer."""
-    tl.debug_barrier()  # every thread's partials are stored before the ticket is drawn
-    ticket = tl.atomic_add(tickets_ptr + ticket_at, 1, sem="acq_rel", scope="gpu")
-    if ticket == n_splits - 1:
-        g = tl.arange(0, GP2)
-        s = tl.arange(0, SPLITS)
-        d = tl.arange(0, BLOCK_D)
-        head = kv_head * GROUP + g
-        g_ok = g < GROUP
-        gs_ok = g_ok[:, None] & (s < n_splits)[None, :]
-        pm_off = s[None, :] * stride_pm_s + token * stride_pm_t + head[:, None] * stride_pm_h
-        m = tl.load(part_m_ptr + pm_off, mask=gs_ok, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(part_l_ptr + pm_off, mask=gs_ok, other=0.0, cache_modifier=".cg")
-        m_max = tl.max(m, 1)
-        w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max)[:, None])  # [GP2, SPLITS]
-        pa_off = (s[None, :, None] * stride_pa_s + token * stride_pa_t
-                  + head[:, None, None] * stride_pa_h + d[None, None, :])  # fmt: skip
-        acc_ok = gs_ok[:, :, None] & (d < HEAD_DIM)[None, None, :]
-        acc = tl.load(part_acc_ptr + pa_off, mask=acc_ok, other=0.0, cache_modifier=".cg")
-        o = tl.sum(acc * w[:, :, None], 1) / tl.where(g_ok, tl.sum(l_s * w, 1), 1.0)[:, None]
-        o = to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED)
-        o_ok = g_ok[:, None] & (d < HEAD_DIM)[None, :]
-        tl.store(out_ptr + token * stride_o_t + head[:, None] * stride_o_h + d[None, :], o,
-                 mask=o_ok)  # fmt: skip
-        if ROUND:  # the group's heads are consecutive in the output row: their sub-blocks too
-            b0 = kv_head * GROUP * (HEAD_DIM // W)
-            y = tl.reshape(o.to(tl.float32), (GP2 * BLOCK_D // W, W))
-            round_blocks(y, b0, b0 + GROUP * (HEAD_DIM // W), xq_ptr, xd_ptr, xs_ptr, W, G)
-        tl.atomic_xchg(tickets_ptr + ticket_at, 0, sem="relaxed", scope="gpu")

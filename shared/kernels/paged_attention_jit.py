@@ -1,7 +1,6 @@
 """The Triton programs behind `shared.kernels.paged_attention` (see its docstring for the
 contract and the design); the wrapper there checks inputs, picks tiles and launches these. The
-split-K combine pass is `paged_attention_combine` (a kernel of its own, or at decode the last
-slice's program of this one)."""
+split-K combine pass is `paged_attention_combine`."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_next, wait_prev
-from shared.kernels.paged_attention_combine import combine_in_last
 from shared.kernels.rounding import FP16_MAX, fp16_range, to_dtype
 
 # per-token FP8 scales: the probabilities are multiplied by V's scale times this (see _attend_tile)
@@ -199,10 +197,6 @@ def _paged_attention_kernel(
     stride_pm_s: tl.int64,
     stride_pm_t: tl.int64,
     stride_pm_h: tl.int64,
-    tickets_ptr,  # [>= grid(0) * n_kv_heads] int32, zero between launches (COMBINE only)
-    xq_ptr,
-    xd_ptr,
-    xs_ptr,  # the (single) token's output rounded to int8 in layout (W, G) (COMBINE and ROUND)
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two
     GROUP: tl.constexpr,  # q heads per KV head
@@ -220,12 +214,6 @@ def _paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
-    COMBINE: tl.constexpr = False,  # decode split-K: the last slice combines (combine_in_last)
-    GP2: tl.constexpr = 1,  # GROUP rounded up to a power of two
-    SPLITS_P2: tl.constexpr = 1,  # num_splits rounded up to a power of two
-    ROUND: tl.constexpr = False,  # with COMBINE: round the output for the next GEMV
-    W: tl.constexpr = 32,
-    G: tl.constexpr = 8,
 ):
     launch_next(PDL)
     n_splits = num_splits
@@ -357,15 +345,6 @@ def _paged_attention_kernel(
         pm_off = split * stride_pm_s + token * stride_pm_t + head * stride_pm_h
         tl.store(part_m_ptr + pm_off, m_i, mask=row_ok)
         tl.store(part_l_ptr + pm_off, l_i, mask=row_ok)
-        if COMBINE:  # a decode batch: one token a program, rows 0 .. GROUP - 1 its heads
-            at = tl.program_id(0) * tl.num_programs(1) + kv_head
-            combine_in_last(
-                out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, tickets_ptr, xq_ptr, xd_ptr,
-                xs_ptr, at, (q_begin + q_tile * BLOCK_Q).to(tl.int64), kv_head, n_splits,
-                stride_o_t, stride_o_h, stride_pa_s, stride_pa_t, stride_pa_h,
-                stride_pm_s, stride_pm_t, stride_pm_h, HEAD_DIM, BLOCK_D, GROUP, GP2, SPLITS_P2,
-                INTERPRETED, ROUND, W, G,
-            )  # fmt: skip
     else:
         o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_o_t + head[:, None] * stride_o_h + d[None, :]

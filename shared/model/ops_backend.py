@@ -104,11 +104,6 @@ class TorchOps:
         )
 
 
-# a decode batch's attention programs (query tiles x KV heads) the counters cover: 4,096 sequences
-# of 8 KV heads at two programs a sequence; past it the combine pass takes a launch of its own
-_ATTN_TICKETS = 1 << 16
-
-
 class TritonOps(TorchOps):
     name = "triton"
 
@@ -123,15 +118,6 @@ class TritonOps(TorchOps):
         self._attn, self._rope_kv = attn_k.paged_attention, rope_and_write_kv
         self._num_sms = num_sms
         self._round_in_norm = os.environ.get("SKIFF_NORM_ROUNDING", "1") != "0"
-        self._tickets: torch.Tensor | None = None  # the attention's split-K counters
-
-    def _attn_tickets(self, device: torch.device) -> torch.Tensor:
-        """Counters for a decode batch's split-K attention to combine in its own kernel (zero
-        between launches; the launches of a step run in order on one stream): made once, at
-        the first (eager, warm-up) step, so that no CUDA graph captures their zeroing."""
-        if self._tickets is None or self._tickets.device != device:
-            self._tickets = torch.zeros(_ATTN_TICKETS, dtype=torch.int32, device=device)
-        return self._tickets
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return self._norm.rms_norm(x, w, eps)
@@ -188,7 +174,6 @@ class TritonOps(TorchOps):
             v_scale=vs,
             max_seq_len=batch.max_seq_len,
             int8_layout=int8_layout,
-            tickets=self._attn_tickets(q.device),
             **self._splits(q, kc.shape[2], batch, sliding_window),
         )
         return out if int8_layout is not None else (out, {})  # (out, rounded) with a layout

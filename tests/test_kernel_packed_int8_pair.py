@@ -82,9 +82,7 @@ def _split_linear(k: int) -> SplitLinear:
     parts = []
     for qtype, n, seed in ((T.Q4_K, 96, 5), (T.Q6_K, 32, 6)):
         raw = random_raw(qtype, n, k, seed=seed).to(DEVICE)
-        parts.append(
-            QuantLinear(raw, qtype, (n, k), torch.float32, use_kernels=True, tuner=None)
-        )
+        parts.append(QuantLinear(raw, qtype, (n, k), torch.float32, use_kernels=True, tuner=None))
         if not parts[-1].packed.rows32:  # the CPU keeps plain planes: interleave as CUDA does
             parts[-1].packed = interleave(parts[-1].packed)
     return SplitLinear(parts, [64, 32, 32])

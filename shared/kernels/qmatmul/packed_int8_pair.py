@@ -21,13 +21,8 @@ import triton.language as tl
 from shared.kernels.gdc import launch_kw, launch_next, pdl
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import (
-    CACHE_HINTS,
-    DEFAULT_CACHE,
-    ROWS,
-    maxnreg,
-    row_sums,
-)
+from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, maxnreg, row_sums
+from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.split_tickets import finish_rows
 
@@ -81,13 +76,6 @@ def pair_splits(a: PackedWeight, b: PackedWeight, splits: int) -> int | None:
     return s
 
 
-def _targets(pw: PackedWeight, out: torch.Tensor, splits: int) -> tuple[torch.Tensor, ...]:
-    part = out
-    if splits > 1:
-        part = torch.empty((splits, pw.shape[0]), dtype=torch.float32, device=out.device)
-    return out, part
-
-
 def rows_gemv_pair(
     x: torch.Tensor,  # [1, K] (only its device and dtype are read: int8_a/int8_b hold the row)
     a: PackedWeight,
@@ -104,19 +92,19 @@ def rows_gemv_pair(
     if not (a.rows32 and b.rows32) or a.shape[1] != b.shape[1]:
         raise ValueError(f"rows_gemv_pair: interleaved weights of one K, got {a.shape} {b.shape}")
     chunks_a, chunks_b = a.shape[1] // CHUNK[a.qtype], b.shape[1] // CHUNK[b.qtype]
-    per_a, per_b = triton.cdiv(chunks_a, splits), triton.cdiv(chunks_b, splits)
     out_a = torch.empty((1, a.shape[0]), dtype=x.dtype, device=x.device)
     out_b = torch.empty((1, b.shape[0]), dtype=x.dtype, device=x.device)
+    per_a, _, targets_a = split_targets(out_a, a, chunks_a, splits)  # pair_splits: both
+    per_b, _, targets_b = split_targets(out_b, b, chunks_b, splits)  # take `splits` slices
     tiles_a, tiles_b = triton.cdiv(a.shape[0], _ROWS), triton.cdiv(b.shape[0], _ROWS)
-    cm, ep, sep = CACHE_HINTS[cfg.get("CACHE", DEFAULT_CACHE)]
+    cm, ep, sep = cache_hints(cfg)
     fa = {f"{k}_A": v for k, v in fields(a).items()}
     fb = {f"{k}_B": v for k, v in fields(b).items()}
     warps = cfg.get("num_warps", 4)
     regs = maxnreg(a.qtype) if maxnreg(a.qtype) == maxnreg(b.qtype) else None
     early = pdl(x.device, gemv_int8_pair_kernel)
     gemv_int8_pair_kernel[(tiles_a + tiles_b, splits)](
-        *int8_a, *planes(a), *_targets(a, out_a, splits), a.tickets,
-        *int8_b, *planes(b), *_targets(b, out_b, splits), b.tickets,
+        *int8_a, *planes(a), *targets_a, *int8_b, *planes(b), *targets_b,
         a.shape[0], b.shape[0], tiles_a, chunks_a, chunks_b, per_a, per_b,
         *strides(a), *strides(b), **fa, **fb, KW=warps, SPLITS=splits,
         PREFETCH=bool(cfg.get("PREFETCH")), PDL=early, INTERPRETED=interp,

@@ -217,7 +217,7 @@ def packed_matmul(
             splits = triton.cdiv(n_chunks, cfg.get("CH", 8))
         else:
             splits = cfg.get("SPLIT_K") or auto_split(tiles, x.device, per_sm=4, most=8)
-        per_split, splits, targets = _split_targets(out, pw, n_chunks, splits)
+        per_split, splits, targets = split_targets(out, pw, n_chunks, splits)
         unroll = per_split if cfg.get("UNROLL") else 0
         grid = (tiles, splits)
         if int8:
@@ -280,7 +280,7 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None)
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
     tiles = triton.cdiv(pw.shape[0], ROWS)
     cfg, splits = rows_plan(pw, cfg)
-    per_split, splits, targets = _split_targets(out, pw, n_chunks, splits)
+    per_split, splits, targets = split_targets(out, pw, n_chunks, splits)
     launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp, int8,
                      out_int8)  # fmt: skip
 
@@ -294,7 +294,7 @@ def rows_plan(pw: PackedWeight, cfg: dict) -> tuple[dict, int]:
     return cfg, cfg.get("SPLIT_K") or default_rows_split(pw)
 
 
-def _split_targets(out, pw, n_chunks: int, splits: int) -> tuple[int, int, tuple]:
+def split_targets(out, pw, n_chunks: int, splits: int) -> tuple[int, int, tuple]:
     """A GEMV's split-K: (chunks a split, splits without an empty one, the targets finish_rows
     takes: out, the float32 partials (out itself without splits: never read), the tickets)."""
     per_split = triton.cdiv(n_chunks, splits)

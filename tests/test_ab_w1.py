@@ -13,6 +13,7 @@ import shared.engine.cuda_graphs as graphs
 import shared.kernels.norm as norm
 import shared.kernels.paged_attention as pa
 import shared.kernels.qmatmul.packed_int8_rows as rows
+import shared.kernels.qmatmul.packed_int8_rows_batch as rows_batch
 import shared.kernels.rope_kv as rope_kv
 import shared.model.batch as batch
 import shared.model.linear as linear
@@ -38,6 +39,7 @@ def _state() -> tuple:
         batch.to_device_packed,
         pa._PREFETCH,
         linear._PAIRED,
+        rows_batch.BATCH_ROWS,
     )
 
 
@@ -67,6 +69,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "copies-apart": {9},
         "prefetch-off": {10},
         "pair-off": {11},
+        "batch-rows-off": {12},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -2,6 +2,7 @@
 
     python -m tools.ab_w1 MODEL.gguf:default,norm-off[,...] [MODEL.gguf:...] [--rounds 2]
         [--prompt 512 --gen 128 --runs 3 --kv-dtype auto]   # W6: --prompt 32000 --gen 64
+        [--batch 4]   # sequences decoded together
 
 Each variant switches one GPU-path choice off (or to its earlier form) before the engine is
 built, then ``tools.bench_w1.bench`` times it (512-token prompt, 128 tokens, three runs); one
@@ -18,7 +19,9 @@ rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each)
 programs of 16 heads at every token count, as before (ab)); ``argmax-torch`` (greedy picks by
 torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
 ``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
-``pair-off`` (a Q/K/V of two types, Q4_K_M's q/k and v, in one launch a type, as before (ac)).
+``pair-off`` (a Q/K/V of two types, Q4_K_M's q/k and v, in one launch a type, as before (ac));
+``batch-rows-off`` (decode batches of 2-8 rows by the decode-batch GEMMs instead of the batch
+rows GEMV, as before (ad); with ``--batch``).
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
     "pair-off": (_off("shared.model.linear", "_PAIRED", False),),
+    "batch-rows-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 1),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,
@@ -135,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--kv-dtype", default="auto", help="the KV cache's dtype (EngineConfig)")
     p.add_argument("--kv-scales", default="token", choices=["token", "head"], help="fp8's scales")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     a = p.parse_args(argv)
     from tools.bench_w1 import bench
 
@@ -150,7 +155,15 @@ def main(argv: list[str] | None = None) -> int:
                 with ExitStack() as stack:
                     enter_variant(stack, name)
                     res = bench(
-                        path, a.device, a.prompt, a.gen, a.runs, True, a.kv_dtype, a.kv_scales
+                        path,
+                        a.device,
+                        a.prompt,
+                        a.gen,
+                        a.runs,
+                        True,
+                        a.kv_dtype,
+                        a.kv_scales,
+                        a.batch,
                     )
                 print(json.dumps({"variant": name, "round": r} | res), flush=True)
                 torch.cuda.empty_cache()

@@ -1,7 +1,7 @@
 """W1: batch-1 decode through the engine's real path (scheduler, paged KV, CUDA graphs).
 
     python -m tools.bench_w1 MODEL.gguf [MODEL.gguf ...] [--prompt 512] [--gen 128] [--runs 3]
-                             [--kv-dtype auto|fp8|...] [--kv-scales token|head]
+                             [--kv-dtype auto|fp8|...] [--kv-scales token|head] [--batch 1]
 
 Per model: a 512-token prompt of random ids (prefix caching off, so every run prefills), then
 128 tokens generated greedily with EOS ignored, with overlapped steps as the server runs them
@@ -10,6 +10,8 @@ JSON line per model: prefill tok/s (prompt tokens / time to the first token), de
 (tokens after the first / their time), the median over the runs, and the HBM bound: file
 bytes / 4.3 TB/s. W6's decode speed at 32k context: ``--prompt 32000 --kv-dtype fp8`` against
 ``--kv-dtype bfloat16`` (``--kv-scales head``: FP8 with calibrated per-head scales).
+``--batch B``: B sequences of the same prompt decoded together (decode batches of B rows, as
+speculative checks and small servers run them): total decode tok/s and per sequence.
 """
 
 from __future__ import annotations
@@ -47,6 +49,19 @@ def run_once(
     return len(prompt) / (t_first - t0), (n - 1) / (t_last - t_first)
 
 
+def run_batch(engine, seq_cls, params, prompts: list[list[int]], gen: int, first_id: int) -> float:
+    """Decode tok/s of len(prompts) sequences run together: the tokens that came after every
+    sequence had its first, over the time from then to the last."""
+    for i, p in enumerate(prompts):
+        engine.add(seq_cls(first_id + i, p, params, gen, frozenset(), None))
+    times: list[float] = []
+    while engine.has_work():
+        times += [time.perf_counter() for _ in engine.step()]
+    assert len(times) == gen * len(prompts), f"generated {len(times)}, wanted {gen}x{len(prompts)}"
+    start = times[len(prompts) - 1]  # (prompts prefill in one step: each one's first token)
+    return (len(times) - len(prompts)) / (times[-1] - start)
+
+
 def bench(
     path: Path,
     device: str,
@@ -56,6 +71,7 @@ def bench(
     overlap: bool = False,
     kv_dtype: str = "auto",
     kv_scales: str = "token",
+    batch: int = 1,
 ) -> dict:
     from shared.engine import Sequence
     from shared.engine.factory import EngineConfig, build_engine
@@ -66,8 +82,9 @@ def bench(
         EngineConfig(
             model_path=str(path), device=device, dtype="bfloat16",
             max_model_len=prompt_len + gen + 16,
-            kv_blocks=(prompt_len + gen) // 16 + 64, max_batch_tokens=max(2048, prompt_len),
-            prefix_caching=False, max_seqs=1, overlap=overlap, kv_dtype=kv_dtype,
+            kv_blocks=batch * ((prompt_len + gen) // 16 + 64),
+            max_batch_tokens=max(2048, batch * prompt_len), prefix_caching=False,
+            max_seqs=batch, overlap=overlap, kv_dtype=kv_dtype,
             kv_scales=kv_scales,
         )
     )  # fmt: skip
@@ -79,6 +96,17 @@ def bench(
         torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(runs + 1)
     ]
     run_once(engine, Sequence, params, prompts[0], 16, 0)  # warm-up (compiles, allocator)
+    if batch > 1:  # the same prompts, each run as `batch` sequences together
+        run_batch(engine, Sequence, params, [prompts[0]] * batch, 16, 10_000)
+        tg = [
+            run_batch(engine, Sequence, params, [p] * batch, gen, 10_000 * (i + 2))
+            for i, p in enumerate(prompts[1:])
+        ]
+        return {
+            "model": path.name, "batch": batch, f"tg{gen}_tok_s": round(statistics.median(tg), 1),
+            "tg_runs": [round(x, 1) for x in tg],
+            "per_sequence_tok_s": round(statistics.median(tg) / batch, 1),
+        }  # fmt: skip
     gaps: list[float] = []
     timings = [
         run_once(engine, Sequence, params, p, gen, i + 1, gaps) for i, p in enumerate(prompts[1:])
@@ -126,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--kv-dtype", default="auto", help="the KV cache's dtype (EngineConfig)")
     p.add_argument("--kv-scales", default="token", choices=["token", "head"], help="fp8's scales")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     a = p.parse_args(argv)
     for path in a.models:
-        result = bench(path, a.device, a.prompt, a.gen, a.runs, a.overlap, a.kv_dtype, a.kv_scales)
+        result = bench(
+            path, a.device, a.prompt, a.gen, a.runs, a.overlap, a.kv_dtype, a.kv_scales, a.batch
+        )
         print(json.dumps(result | {"overlap": a.overlap}), flush=True)
         torch.cuda.empty_cache()
     return 0

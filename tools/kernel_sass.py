@@ -110,6 +110,16 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3}.get(kind, 0)
         consts["CM"], consts["EP"], consts["SEP"] = ir.CACHE_HINTS[hint]
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
+    if kind == "gemv-rb":  # M activation rows in one program (packed_int8_rows_batch)
+        rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
+        xq = torch.empty(m, k // 4, dtype=torch.int32)
+        xd = torch.empty(m, k // fields["W"])
+        part = torch.empty(m, 2, n, dtype=torch.float32)
+        args = [xq, xd, xd, *_planes(pw), out, part, pw.tickets, m, n, chunks, chunks // 2]
+        args += [*strides, xq.stride(0), xd.stride(0), out.stride(0)]
+        consts = {**fields, "KW": 4, "SPLITS": 2, "MR": m, "ACT": act, "PDL": True}
+        consts["CM"], consts["EP"], consts["SEP"] = rb.cache_hints({})
+        return rb.gemv_int8_rows_batch_kernel, args, consts
     if kind == "gemm-i8":  # int8 codes and activations on the tensor cores (packed_gemm8)
         g8 = importlib.import_module("shared.kernels.qmatmul.packed_gemm8")
         step = pw.qtype in g8.CHUNK_STEP_TYPES  # one activation step a chunk
@@ -280,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
              ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8e", 1, 4), ("gemv-r8c", 1, 4),
-             ("gemv-r8s", 1, 4),
+             ("gemv-r8s", 1, 4), ("gemv-rb", 2, 4), ("gemv-rb", 8, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
              ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4),
@@ -288,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-first-act", 64, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
-            if kind.startswith(("gemv-i8", "gemv-r8", "gemm-i8")) and qtype not in INT8_TYPES:
+            if kind.startswith(("gemv-i8", "gemv-r8", "gemv-rb", "gemm-i8")) and (
+                qtype not in INT8_TYPES
+            ):
                 continue
             if kind in ("gemm-16", "gemm-16-act", "x16") and qtype not in F16_TYPES:
                 continue
@@ -311,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 "gemv-r8e": 128,
                 "gemv-r8c": 128,
                 "gemv-r8s": 128,
+                "gemv-rb": 128,
                 "gemm-first": 64,
                 "gemm-first-r32": 64,
             }.get(kind.removesuffix("-act"), 32)

@@ -86,12 +86,16 @@ def quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, c, W: tl.constexpr, G: tl.cons
 
 @triton.jit
 def quantize_x_kernel(
-    x_ptr, xq_ptr, xd_ptr, xs_ptr, W: tl.constexpr, G: tl.constexpr, PDL: tl.constexpr
+    x_ptr, xq_ptr, xd_ptr, xs_ptr, stride_x, stride_q, stride_s, W: tl.constexpr,
+    G: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """One chunk a program (``program_id(0)``); PDL: launched early (``gdc``)."""
+    """Chunk ``program_id(0)`` of row ``program_id(1)`` (the rows' strides: x's elements, the
+    words', the scales'); PDL: launched early (``gdc``)."""
     launch_next(PDL)
     wait_prev(PDL)
-    quantize_chunk(x_ptr, xq_ptr, xd_ptr, xs_ptr, tl.program_id(0), W, G)
+    r = tl.program_id(1)
+    quantize_chunk(x_ptr + r * stride_x, xq_ptr + r * stride_q, xd_ptr + r * stride_s,
+                   xs_ptr + r * stride_s, tl.program_id(0), W, G)  # fmt: skip
 
 
 @triton.jit
@@ -148,10 +152,14 @@ def int8_layout(pw: PackedWeight) -> tuple[int, int]:
     return f["W"], f["G"]
 
 
-def int8_buffers_for(k: int, w: int, g: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Empty (xq, xd, xs) for a row of k activations in layout (w, g)."""
-    xq = torch.empty(k // 4, dtype=torch.int32, device=device)
-    xd = torch.empty(k // w, dtype=torch.float32, device=device)
+def int8_buffers_for(
+    k: int, w: int, g: int, device: torch.device, m: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """Empty (xq, xd, xs) for a row of k activations in layout (w, g); m > 0: for m rows
+    ([m, k / 4] words, [m, k / w] scales and sums)."""
+    lead = (m,) if m else ()
+    xq = torch.empty(*lead, k // 4, dtype=torch.int32, device=device)
+    xd = torch.empty(*lead, k // w, dtype=torch.float32, device=device)
     return xq, xd, torch.empty_like(xd)
 
 
@@ -161,11 +169,16 @@ def int8_buffers(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
 
 
 def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
-    """x [K] -> (xq, xd, xs) for the int8 GEMVs over pw's layout (one small launch)."""
-    xq, xd, xs = int8_buffers(x, pw)
+    """x [K] -> (xq, xd, xs) for the int8 GEMVs over pw's layout; x [M, K] -> the same for
+    each row ([M, K / 4], [M, K / W] twice: packed_int8_rows_batch). One small launch."""
     w, g = int8_layout(pw)
+    m = x.shape[0] if x.dim() == 2 else 0
+    xq, xd, xs = int8_buffers_for(pw.shape[1], w, g, x.device, m)
+    if x.dim() == 2 and m == 0:
+        return xq, xd, xs
+    strides = (x.stride(0), xq.stride(0), xd.stride(0)) if m else (0, 0, 0)
     early = pdl(x.device, quantize_x_kernel)
-    quantize_x_kernel[(xd.numel() // g,)](
-        x, xq, xd, xs, W=w, G=g, PDL=early, num_warps=1, **launch_kw(early)
+    quantize_x_kernel[(xd.shape[-1] // g, max(m, 1))](
+        x, xq, xd, xs, *strides, W=w, G=g, PDL=early, num_warps=1, **launch_kw(early)
     )  # fmt: skip
     return xq, xd, xs

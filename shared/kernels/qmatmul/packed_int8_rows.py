@@ -163,19 +163,28 @@ def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0,
 
 
 @triton.jit
-def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, HI: tl.constexpr,
-             W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr,
-             INTERPRETED: tl.constexpr):  # fmt: skip
-    """acc [32, KW] += the chunks' parts of the rows' dot products."""
+def unpack(loaded, QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, KW: tl.constexpr,
+           INTERPRETED: tl.constexpr):  # fmt: skip
+    """fetch's loads -> (the codes of the eight fields, [32, KW * NG] words of four; the scale
+    words): what every activation row multiplies."""
+    NG: tl.constexpr = W // 4
+    words, hi, meta = loaded
+    w4 = tl.reshape(words, (ROWS, KW * NG, 4))
+    codes = _codes(QTYPE, HI, w4, tl.reshape(hi, (ROWS, KW * NG)), ROWS, KW * NG, INTERPRETED)
+    return codes, meta
+
+
+@triton.jit
+def accumulate(acc, cb, c1, codes, meta, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr,
+               W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr,
+               INTERPRETED: tl.constexpr):  # fmt: skip
+    """acc [32, KW] += the chunks' parts of the rows' dot products with one activation row
+    (its rounding xq, xd, xs), from unpack's codes and scale words."""
     NG: tl.constexpr = W // 4
     S: tl.constexpr = QTYPE == Q8_0  # signed codes
     OFFSET: tl.constexpr = QTYPE != Q8_0
-    words, hi, meta = loaded
+    n0, n1, n2, n3, n4, n5, n6, n7 = codes
     a0, a1, b0, b1, fa, fb = meta
-    w4 = tl.reshape(words, (ROWS, KW * NG, 4))
-    n0, n1, n2, n3, n4, n5, n6, n7 = _codes(
-        QTYPE, HI, w4, tl.reshape(hi, (ROWS, KW * NG)), ROWS, KW * NG, INTERPRETED
-    )
     part = tl.zeros((ROWS, KW), dtype=tl.float32)
     add = tl.zeros((ROWS, KW), dtype=tl.float32)
     x0, x1, x2, x3 = _x_words(xq_ptr, cb, c1, NG, KW, G, 0)
@@ -186,6 +195,16 @@ def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, H
         part, add = _four(part, add, n4, n5, n6, n7, x4, x5, x6, x7, xd_ptr, xs_ptr, a0, a1, b0,
                           b1, cb, c1, QTYPE, 4, G, NG, KW, S, OFFSET, INTERPRETED)  # fmt: skip
     return acc + fa * part - fb * add
+
+
+@triton.jit
+def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, HI: tl.constexpr,
+             W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr,
+             INTERPRETED: tl.constexpr):  # fmt: skip
+    """acc [32, KW] += the chunks' parts of the rows' dot products."""
+    codes, meta = unpack(loaded, QTYPE, HI, W, KW, INTERPRETED)
+    return accumulate(acc, cb, c1, codes, meta, xq_ptr, xd_ptr, xs_ptr, QTYPE, W, G, KW,
+                      INTERPRETED)  # fmt: skip
 
 
 @triton.jit

@@ -46,12 +46,17 @@ from shared.kernels.qmatmul.packed_gemm_first import launch_gemm_first
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
 from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows
+from shared.kernels.qmatmul.packed_int8_rows_batch import (
+    batch_config,
+    launch_int8_rows_batch,
+    takes,
+)
 from shared.kernels.qmatmul.packed_int8_tile import launch_int8_tile
 from shared.kernels.qmatmul.packed_rows import ROWS
 from shared.kernels.qmatmul.split_tickets import finish_rows
 from shared.ops.activation import gelu_mul, silu_mul
 
-__all__ = ["packed_matmul", "rounds_gated"]
+__all__ = ["config_for", "packed_matmul", "rounds_gated"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -199,7 +204,7 @@ def packed_matmul(
     if m == 0 or n == 0:
         return out
     n_chunks = k // CHUNK[pw.qtype]
-    cfg = config or default_config(m, n, k, x.device, pw.qtype, dtype=x.dtype)
+    cfg = config or config_for(pw, m, x.dtype)
     interp = interpreted(_gemv_kernel)
     if pw.rows32 and m == 1:  # row-interleaved planes: the rows GEMV (packed_int8_rows)
         if pw.qtype not in ROWS_TYPES:
@@ -208,6 +213,9 @@ def packed_matmul(
         return out
     if out_int8 is not None:
         raise ValueError("packed_matmul: out_int8 needs the rows GEMV (one row, interleaved)")
+    if pw.rows32 and cfg.get("ROWS"):  # a few rows: the rows GEMV a row group (its own rounding)
+        launch_int8_rows_batch(x, pw, out, cfg, act, interp)
+        return out
     if pw.rows32 and not (cfg.get("DEQUANT") or "BLOCK_M" in cfg):
         raise ValueError(f"packed_matmul: config {cfg} cannot read interleaved planes")
     if m == 1:
@@ -266,6 +274,15 @@ def packed_matmul(
     except triton.runtime.errors.OutOfResources:
         launch_gemm(x, pw, out, SMALL_TILE, interp, act)  # a tile tuned for another dtype
     return out
+
+
+def config_for(pw: PackedWeight, m: int, dtype: torch.dtype) -> dict[str, int]:
+    """The config of m rows of pw without a tuned entry: the batch rows GEMV where it
+    ``takes`` them (``packed_int8_rows_batch``: 2-8 rows of interleaved planes), else
+    ``default_config``."""
+    if takes(pw, m):
+        return batch_config(pw, m)
+    return default_config(m, pw.shape[0], pw.shape[1], pw.q.device, pw.qtype, dtype=dtype)
 
 
 def rounds_gated(n_out: int, w: int, g: int) -> bool:

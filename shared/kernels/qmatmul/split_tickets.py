@@ -21,7 +21,7 @@ import triton.language as tl
 from shared.kernels.qmatmul.int8_activations import round_blocks
 from shared.kernels.qmatmul.packed_gemm import gated
 
-__all__ = ["finish_rows", "round_gated"]
+__all__ = ["finish_rows", "round_gated", "store_rows"]
 
 
 @triton.jit
@@ -39,7 +39,7 @@ def finish_rows(
     """Returns whether this program stored the tile's results (the last of its splits)."""
     last = True
     if SPLITS == 1:
-        _store(out_ptr, y, rows, N, BLOCK_N, ACT)
+        store_rows(out_ptr, y, rows, N, BLOCK_N, ACT)
     else:
         tl.store(part_ptr + tl.program_id(1) * N + rows, y, mask=rows < N)
         tl.debug_barrier()  # every thread's partials are stored before the ticket is drawn
@@ -52,7 +52,7 @@ def finish_rows(
                 acc += tl.load(
                     part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg"
                 )
-            _store(out_ptr, acc, rows, N, BLOCK_N, ACT)
+            store_rows(out_ptr, acc, rows, N, BLOCK_N, ACT)
             tl.atomic_xchg(tickets_ptr + tile, 0, sem="relaxed", scope="gpu")
     return last
 
@@ -80,11 +80,14 @@ def round_gated(out_ptr, tickets_ptr, n_tiles, xq_ptr, xd_ptr, xs_ptr, BLOCK_N: 
 
 
 @triton.jit
-def _store(out_ptr, y, rows, N, BLOCK_N: tl.constexpr, ACT: tl.constexpr):
-    """A row tile's BLOCK_N results, or with ACT the gated activation of their gate/up pairs."""
+def store_rows(out_ptr, y, rows, N, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
+               TILE_AXIS: tl.constexpr = 0):  # fmt: skip
+    """A row tile's BLOCK_N results, or with ACT the gated activation of their gate/up pairs
+    (the tile: program_id(TILE_AXIS))."""
     if ACT:
         g, u = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))
-        half = tl.program_id(0).to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tile = tl.program_id(TILE_AXIS).to(tl.int64)
+        half = tile * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         tl.store(out_ptr + half, gated(g, u, ACT).to(out_ptr.dtype.element_ty), mask=half < N // 2)
     else:
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)

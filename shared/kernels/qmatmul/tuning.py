@@ -33,7 +33,8 @@ import triton.testing
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
-from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
+from shared.kernels.qmatmul.packed_int8_rows_batch import takes
+from shared.kernels.qmatmul.packed_matmul import config_for, packed_matmul
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 
 __all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key", "quick_candidates"]
@@ -228,13 +229,15 @@ class Tuner:
         return f"{self.prefix}|{int(pw.qtype)}|{n}x{k}|m{m_bucket}|{str(dtype)[6:]}{rows}"
 
     def config(self, pw: PackedWeight, m: int, dtype: torch.dtype) -> dict[str, int]:
-        memo = (pw.qtype, pw.shape, bucket(m), dtype, pw.rows32)
+        """The table's entry for m's bucket, else the default; 2 .. BATCH_ROWS rows of
+        interleaved planes the batch rows GEMV (``packed_int8_rows_batch.takes``; no table
+        entries of their own)."""
+        batch = takes(pw, m)
+        memo = (pw.qtype, pw.shape, m if batch else bucket(m), dtype, pw.rows32)
         cfg = self._resolved.get(memo)
         if cfg is None:
-            found = self.table.get(self.table_key(pw, memo[2], dtype))
-            cfg = found or default_config(
-                m, pw.shape[0], pw.shape[1], self.device, pw.qtype, dtype=dtype
-            )
+            found = None if batch else self.table.get(self.table_key(pw, memo[2], dtype))
+            cfg = found or config_for(pw, m, dtype)
             self._resolved[memo] = cfg
         return cfg
 

@@ -1,0 +1,98 @@
+"""The rows GEMV over a few activation rows (shared/kernels/qmatmul/packed_int8_rows_batch.py):
+each row's result equals the batch-1 rows GEMV's for that row alone (the same rounding, the
+same integer sums) up to float32 summation order, for every rows type; ragged row tiles,
+row groups (MR below M, a last group past M), split-K and the gated epilogue included; where
+the int8 rounding is exact it is ``x @ unpack(pw).T``.
+
+Under TRITON_INTERPRET=1 the integer emulation runs; on a GPU the PTX, and Llama-3-8B shapes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from shared.kernels.qmatmul.packed import unpack
+from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES
+from shared.kernels.qmatmul.packed_int8_rows_batch import BATCH_ROWS, batch_config
+from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from shared.kernels.qmatmul.packed_rows import deinterleave, interleave
+from tests.test_kernel_packed_int8 import _layout, representable
+from tests.test_kernel_packed_int8_rows import _weight
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+TYPES = sorted(ROWS_TYPES)
+
+
+def _cfg(mr: int, split: int, warps: int) -> dict:
+    return {"ROWS": 1, "MR": mr, "SPLIT_K": split, "num_warps": warps}
+
+
+def _one_by_one(x: torch.Tensor, pw, act: int = 0) -> torch.Tensor:
+    """The batch-1 rows GEMV row by row (split 1: its own summation order)."""
+    one = {"ROWS": 1, "SPLIT_K": 1, "num_warps": 2}
+    return torch.cat([packed_matmul(r[None], pw, torch.float32, config=one, act=act) for r in x])
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("m", "mr", "split", "warps"), [(3, 3, 1, 2), (5, 2, 2, 1)])
+def test_rows_equal_the_rows_gemv_of_each(qtype: T, m: int, mr: int, split: int, warps: int):
+    n, k = 45, 1024  # a ragged row tile; 4 or 8 chunks
+    pw = interleave(_weight(qtype, n, k, seed=int(qtype) + m))
+    gen = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=gen).to(DEVICE)
+    got = packed_matmul(x, pw, torch.float32, config=_cfg(mr, split, warps))
+    want = _one_by_one(x, pw)
+    assert got.shape == (m, n)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_exact_activations_give_the_product(qtype: T) -> None:
+    n, k, m = 37, 1536, 4
+    pw = interleave(_weight(qtype, n, k, seed=7))
+    x = torch.cat([representable(k, _layout(qtype)[0], seed=s) for s in range(m)]).to(DEVICE)
+    want = x.double() @ unpack(deinterleave(pw)).double().T
+    got = packed_matmul(x, pw, torch.float32, config=_cfg(4, 2, 2))
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_gated_rows(qtype: T) -> None:
+    n, k, m = 64, 512, 3  # 32 gate/up pairs
+    pw = interleave(_weight(qtype, n, k, seed=11))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    got = packed_matmul(x, pw, torch.float32, config=_cfg(2, 2, 2), act=1)
+    want = _one_by_one(x, pw, act=1)
+    assert got.shape == (m, n // 2)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_the_default_path_takes_it_up_to_batch_rows() -> None:
+    """Without a config, 2 .. BATCH_ROWS rows of an interleaved weight run this kernel (its
+    config: every row in one program), more rows a decode-batch GEMM; the tickets are back
+    at zero after a split launch."""
+    pw = interleave(_weight(T.Q4_K, 64, 512, seed=5))
+    assert batch_config(pw, 3)["MR"] == 3
+    x = torch.randn(BATCH_ROWS, 512, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    got = packed_matmul(x, pw, torch.float32)
+    torch.testing.assert_close(got, _one_by_one(x, pw), rtol=1e-5, atol=1e-4)
+    assert int(pw.tickets.abs().sum()) == 0
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="Llama-3-8B shapes: GPU only")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize(("n", "k"), [(4096, 4096), (28672, 4096), (4096, 14336)])
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_llama_shapes(qtype: T, n: int, k: int, m: int) -> None:
+    pw = interleave(_weight(qtype, n, k, seed=m))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(DEVICE)
+    got = packed_matmul(x, pw, torch.float32, config=batch_config(pw, m))
+    want = _one_by_one(x, pw)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

@@ -181,7 +181,7 @@ def test_combine_rounds_one_token_for_the_next_gemv(layout: tuple[int, int]) -> 
     w, g = layout
     row = out.reshape(-1)
     want = int8_buffers_for(row.numel(), w, g, row.device)
-    quantize_x_kernel[(row.numel() // (w * g),)](row, *want, W=w, G=g, PDL=False)
+    quantize_x_kernel[(row.numel() // (w * g),)](row, *want, 0, 0, 0, W=w, G=g, PDL=False)
     xq, xd, xs = rounded[layout]
     assert torch.equal(xq, want[0]) and torch.equal(xd, want[1])
     torch.testing.assert_close(xs, want[2], rtol=1e-6, atol=1e-6)  # summation order

@@ -70,6 +70,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "prefetch-off": {10},
         "pair-off": {11},
         "batch-rows-off": {12},
+        "batch-rows-8": {12},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

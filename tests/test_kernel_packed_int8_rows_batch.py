@@ -8,6 +8,7 @@ Under TRITON_INTERPRET=1 the integer emulation runs; on a GPU the PTX, and Llama
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -74,16 +75,34 @@ def test_gated_rows(qtype: T) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
-def test_the_default_path_takes_it_up_to_batch_rows() -> None:
-    """Without a config, 2 .. BATCH_ROWS rows of an interleaved weight run this kernel (its
-    config: every row in one program), more rows a decode-batch GEMM; the tickets are back
-    at zero after a split launch."""
+def test_the_default_path_takes_it_up_to_batch_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a config, 2 .. BATCH_ROWS rows of an interleaved weight run this kernel (at most
+    BATCH_MR rows a program, the groups even), one row and more rows the other kernels; the
+    tickets are back at zero after a split launch."""
+    rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
+    pm = importlib.import_module("shared.kernels.qmatmul.packed_matmul")  # not the function
+
+    assert [batch_config(None, m)["MR"] for m in (2, 3, 4, 5, 6, 8)] == [2, 3, 4, 3, 3, 4]
+    seen: list[int] = []
+    real = pm.launch_int8_rows_batch
+
+    def spy(x, pw, out, cfg, act, interp):
+        seen.append(x.shape[0])
+        real(x, pw, out, cfg, act, interp)
+
+    monkeypatch.setattr(pm, "launch_int8_rows_batch", spy)
     pw = interleave(_weight(T.Q4_K, 64, 512, seed=5))
-    assert batch_config(pw, 3)["MR"] == 3
-    x = torch.randn(BATCH_ROWS, 512, generator=torch.Generator().manual_seed(1)).to(DEVICE)
-    got = packed_matmul(x, pw, torch.float32)
-    torch.testing.assert_close(got, _one_by_one(x, pw), rtol=1e-5, atol=1e-4)
+    x = torch.randn(BATCH_ROWS + 1, 512, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    for m in (1, BATCH_ROWS):  # the int8 GEMVs' rounding
+        got = packed_matmul(x[:m], pw, torch.float32)
+        torch.testing.assert_close(got, _one_by_one(x[:m], pw), rtol=1e-5, atol=1e-4)
+    got = packed_matmul(x, pw, torch.float32)  # a GEMM's: unrounded activations
+    torch.testing.assert_close(got, x @ unpack(pw).T, rtol=1e-5, atol=1e-3)
+    assert seen == [BATCH_ROWS]
     assert int(pw.tickets.abs().sum()) == 0
+    monkeypatch.setattr(rb, "BATCH_ROWS", 6)  # read at the call (tools.ab_w1's variants)
+    packed_matmul(x[:5], pw, torch.float32)
+    assert seen == [BATCH_ROWS, 5]
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="Llama-3-8B shapes: GPU only")

@@ -2,7 +2,7 @@
 
     python -m tools.ab_w1 MODEL.gguf:default,norm-off[,...] [MODEL.gguf:...] [--rounds 2]
         [--prompt 512 --gen 128 --runs 3 --kv-dtype auto]   # W6: --prompt 32000 --gen 64
-        [--batch 4]   # sequences decoded together
+        [--batch 2 4] # sequences decoded together (each count in turn)
 
 Each variant switches one GPU-path choice off (or to its earlier form) before the engine is
 built, then ``tools.bench_w1.bench`` times it (512-token prompt, 128 tokens, three runs); one
@@ -20,8 +20,9 @@ programs of 16 heads at every token count, as before (ab)); ``argmax-torch`` (gr
 torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
 ``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
 ``pair-off`` (a Q/K/V of two types, Q4_K_M's q/k and v, in one launch a type, as before (ac));
-``batch-rows-off`` (decode batches of 2-8 rows by the decode-batch GEMMs instead of the batch
-rows GEMV, as before (ad); with ``--batch``).
+``batch-rows-off`` (decode batches of 2-4 rows by the decode-batch GEMMs instead of the batch
+rows GEMV, as before (ad); with ``--batch``); ``batch-rows-8`` (batches of 5-8 rows by the
+batch rows GEMV too, their rows in two programs).
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
     "pair-off": (_off("shared.model.linear", "_PAIRED", False),),
     "batch-rows-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 1),),
+    "batch-rows-8": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 8),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--kv-dtype", default="auto", help="the KV cache's dtype (EngineConfig)")
     p.add_argument("--kv-scales", default="token", choices=["token", "head"], help="fp8's scales")
-    p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--batch", type=int, nargs="+", default=[1], help="sequences decoded together")
     a = p.parse_args(argv)
     from tools.bench_w1 import bench
 
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown variants {sorted(unknown)}: one of {', '.join(VARIANTS)}")
     for path, names in plans:
         for r in range(a.rounds):
-            for name in names:
+            for batch, name in ((b, n) for b in a.batch for n in names):
                 with ExitStack() as stack:
                     enter_variant(stack, name)
                     res = bench(
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                         True,
                         a.kv_dtype,
                         a.kv_scales,
-                        a.batch,
+                        batch,
                     )
                 print(json.dumps({"variant": name, "round": r} | res), flush=True)
                 torch.cuda.empty_cache()

@@ -1,14 +1,15 @@
 """Times the rows GEMV over a few activation rows (``packed_int8_rows_batch``) against what
-decode batches of 2-8 rows ran before it and against cuBLAS on a bf16 copy, per Llama-3-8B shape.
+decode batches of 2-8 rows run without it and against cuBLAS on a bf16 copy, per Llama-3-8B shape.
 
-    python -m tools.bench_batch_rows [--types Q4_K Q6_K Q8_0] [--m 2 4 8] [--mr 2 4]
+    python -m tools.bench_batch_rows [--types Q4_K Q6_K Q8_0] [--m 2 4 8] [--mr 2 4] [--regs 128]
 
-Per type, shape and M: µs per call (CUDA graph, weight cold in L2, ``timing``) of the batch-1
-rows GEMV (one row: the floor), the decode-batch GEMM the engine took for M rows before
-(``default_config``), cuBLAS on a bf16 copy, and the batch rows GEMV with every row in one
-program (``batch_config``) and with ``--mr`` rows a program (more programs sharing the weight
-through L2). GB/s counts the packed bytes, against the copy bandwidth measured in the same run.
-Every batch result is checked against ``x @ unpack(pw).T`` within the int8 rounding's bound.
+Per type, shape and M: µs per call (CUDA graph, weight cold in L2, ``timing``) of the batch-1 rows
+GEMV (one row: the floor), the decode-batch GEMM the engine took for M rows before
+(``default_config``), cuBLAS on a bf16 copy, and the batch rows GEMV as shipped (``batch_config``:
+marked *), with ``--mr`` rows a program (more programs sharing the weight through L2), and with
+``--regs`` register caps. GB/s counts the packed bytes, against the copy bandwidth measured in the
+same run. Every batch result is checked against ``x @ unpack(pw).T`` within the int8 rounding's
+bound.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", nargs="+", type=int, default=[2, 4, 8])
     p.add_argument("--mr", nargs="*", type=int, default=[2, 4])
     p.add_argument("--shapes", nargs="*", default=None, help="NxK, default the 8B shapes")
+    p.add_argument("--regs", nargs="*", type=int, default=[], help="MAXNREG caps to try")
     a = p.parse_args(argv)
     device = torch.device("cuda")
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes] if a.shapes else SHAPES
@@ -68,10 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                 cublas = cold_dense_ms(x, dense_copies) * 1e3
                 before = default_config(m, n, k, device, qt, dtype=x.dtype)
                 cells = [f"before {_us(x, pw, copies, before, want)}", f"cuBLAS {cublas:7.1f}"]
-                cells.append(f"MR={m} {_us(x, pw, copies, batch_config(pw, m), want)}")
-                for mr in (r for r in a.mr if r < m):
-                    cfg = {**batch_config(pw, m), "MR": mr}
+                shipped = batch_config(pw, m)
+                cells.append(f"MR={shipped['MR']}* {_us(x, pw, copies, shipped, want)}")
+                for mr in (r for r in a.mr if r <= m and r != shipped["MR"]):
+                    cfg = {**shipped, "MR": mr}
                     cells.append(f"MR={mr} {_us(x, pw, copies, cfg, want)}")
+                for regs in a.regs:
+                    cfg = {**shipped, "MAXNREG": regs}
+                    cells.append(f"MR={shipped['MR']} r{regs} {_us(x, pw, copies, cfg, want)}")
                 print(f"  m={m}: " + "  ".join(cells), flush=True)
             del dense_copies, copies
             torch.cuda.empty_cache()

@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
              ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8e", 1, 4), ("gemv-r8c", 1, 4),
-             ("gemv-r8s", 1, 4), ("gemv-rb", 2, 4), ("gemv-rb", 8, 4),
+             ("gemv-r8s", 1, 4), ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
              ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4),

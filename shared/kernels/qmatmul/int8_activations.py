@@ -169,12 +169,13 @@ def int8_buffers(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
 
 
 def prepare_int8(x: torch.Tensor, pw: PackedWeight) -> tuple[torch.Tensor, ...]:
-    """x [K] -> (xq, xd, xs) for the int8 GEMVs over pw's layout; x [M, K] -> the same for
-    each row ([M, K / 4], [M, K / W] twice: packed_int8_rows_batch). One small launch."""
+    """x [K] or [1, K] -> (xq, xd, xs) for the int8 GEMVs over pw's layout ([K / 4],
+    [K / W] twice); x [M, K], M > 1 -> the same for each row ([M, K / 4], [M, K / W] twice:
+    packed_int8_rows_batch). One small launch."""
     w, g = int8_layout(pw)
-    m = x.shape[0] if x.dim() == 2 else 0
+    m = x.shape[0] if x.dim() == 2 and x.shape[0] != 1 else 0
     xq, xd, xs = int8_buffers_for(pw.shape[1], w, g, x.device, m)
-    if x.dim() == 2 and m == 0:
+    if x.numel() == 0:
         return xq, xd, xs
     strides = (x.stride(0), xq.stride(0), xd.stride(0)) if m else (0, 0, 0)
     early = pdl(x.device, quantize_x_kernel)

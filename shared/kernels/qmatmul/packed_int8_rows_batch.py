@@ -32,6 +32,7 @@ from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.split_tickets import store_rows
 
 __all__ = [
+    "BATCH_MR",
     "BATCH_ROWS",
     "batch_config",
     "gemv_int8_rows_batch_kernel",
@@ -40,8 +41,12 @@ __all__ = [
 ]
 
 ROWS = tl.constexpr(_ROWS)
-# the most activation rows packed_matmul gives this kernel (more: the decode-batch GEMMs)
-BATCH_ROWS = 8
+# the most activation rows packed_matmul gives this kernel (more: the decode-batch GEMMs); at 8
+# rows it lost to them on the H200 (BENCHMARKS (ad))
+BATCH_ROWS = 4
+# the most activation rows one program multiplies (MR): past 4 the registers (255 at 8 for Q4_K)
+# cost more occupancy than the shared unpacking saves
+BATCH_MR = 4
 
 
 @triton.jit
@@ -150,9 +155,10 @@ def takes(pw: PackedWeight, m: int) -> bool:
 
 
 def batch_config(pw: PackedWeight, m: int) -> dict[str, int]:
-    """The batch rows GEMV's config for m rows of pw: every row in one program (MR = m), 4
-    warps, K split until about 31 warps an SM (as ``default_rows_split``)."""
-    return {"ROWS": 1, "num_warps": 4, "MR": m}
+    """The batch rows GEMV's config for m rows of pw: the rows in as few programs as BATCH_MR
+    allows, evenly (MR = m up to 4; 6 rows: two of 3), 4 warps, K split until about 31 warps an
+    SM (as ``default_rows_split``)."""
+    return {"ROWS": 1, "num_warps": 4, "MR": triton.cdiv(m, triton.cdiv(m, BATCH_MR))}
 
 
 def batch_split(pw: PackedWeight, groups: int, warps: int) -> int:

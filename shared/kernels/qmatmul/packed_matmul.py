@@ -13,7 +13,8 @@
 - the GEMM of ``packed_gemm`` (two rows and up: decode batches and prefill), or ``DEQUANT``: a
   dense copy (``packed_dequant``) and torch's matmul.
 - a weight with row-interleaved planes (``packed_rows``, the CUDA layout of the int8 types):
-  one row runs ``packed_int8_rows`` (a thread a row; ``ROWS`` configs), more rows the GEMMs
+  one row runs ``packed_int8_rows`` (a thread a row; ``ROWS`` configs), 2 .. ``BATCH_ROWS``
+  (4) rows ``packed_int8_rows_batch`` (its program over several rows), more rows the GEMMs
   above, which read either layout.
 
 Tile sizes come from ``shared.kernels.qmatmul.tuning`` (per device, measured, cached on disk).
@@ -278,7 +279,7 @@ def packed_matmul(
 
 def config_for(pw: PackedWeight, m: int, dtype: torch.dtype) -> dict[str, int]:
     """The config of m rows of pw without a tuned entry: the batch rows GEMV where it
-    ``takes`` them (``packed_int8_rows_batch``: 2-8 rows of interleaved planes), else
+    ``takes`` them (``packed_int8_rows_batch``: 2-4 rows of interleaved planes), else
     ``default_config``."""
     if takes(pw, m):
         return batch_config(pw, m)

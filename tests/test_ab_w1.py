@@ -40,6 +40,7 @@ def _state() -> tuple:
         pa._PREFETCH,
         linear._PAIRED,
         rows_batch.BATCH_ROWS,
+        rows_batch.BATCH_MAXNREG,
     )
 
 
@@ -71,6 +72,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "pair-off": {11},
         "batch-rows-off": {12},
         "batch-rows-8": {12},
+        "batch-regs-128": {13},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

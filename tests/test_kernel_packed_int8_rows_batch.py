@@ -105,6 +105,15 @@ def test_the_default_path_takes_it_up_to_batch_rows(monkeypatch: pytest.MonkeyPa
     assert seen == [BATCH_ROWS, 5]
 
 
+def test_the_register_budget_is_for_programs_of_two_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BATCH_MAXNREG (0 by default: the compiler's choice) is for programs of 2 rows only, read
+    at the call."""
+    rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
+    assert all("MAXNREG" not in batch_config(None, m) for m in (2, 3, 4))
+    monkeypatch.setattr(rb, "BATCH_MAXNREG", 128)
+    assert [batch_config(None, m).get("MAXNREG") for m in (2, 3, 4)] == [128, None, None]
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="Llama-3-8B shapes: GPU only")
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
 @pytest.mark.parametrize(("n", "k"), [(4096, 4096), (28672, 4096), (4096, 14336)])

@@ -22,7 +22,8 @@ torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
 ``pair-off`` (a Q/K/V of two types, Q4_K_M's q/k and v, in one launch a type, as before (ac));
 ``batch-rows-off`` (decode batches of 2-4 rows by the decode-batch GEMMs instead of the batch
 rows GEMV, as before (ad); with ``--batch``); ``batch-rows-8`` (batches of 5-8 rows by the
-batch rows GEMV too, their rows in two programs).
+batch rows GEMV too, their rows in two programs); ``batch-regs-128`` (the batch rows GEMV's
+programs of 2 rows given 128 registers, maxnreg).
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "pair-off": (_off("shared.model.linear", "_PAIRED", False),),
     "batch-rows-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 1),),
     "batch-rows-8": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 8),),
+    "batch-regs-128": (
+        _off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_MAXNREG", 128),
+    ),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

@@ -32,6 +32,7 @@ from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.split_tickets import store_rows
 
 __all__ = [
+    "BATCH_MAXNREG",
     "BATCH_MR",
     "BATCH_ROWS",
     "batch_config",
@@ -47,6 +48,11 @@ BATCH_ROWS = 4
 # the most activation rows one program multiplies (MR): past 4 the registers (255 at 8 for Q4_K)
 # cost more occupancy than the shared unpacking saves
 BATCH_MR = 4
+# a register budget for programs of 2 rows (0: the compiler's choice, 92 for Q4_K). 128 let
+# Q4_K's use 128 and took the 6144x4096 GEMV of 2 rows from 12.5 to 10.2 us in one kernel
+# timing (BENCHMARKS (ad)); not yet A/B'd in the engine (tools/ab_w1.py's batch-regs-128). At 3
+# rows it lost (156 registers cut to 128: 12.5 -> 13.0 us)
+BATCH_MAXNREG = 0
 
 
 @triton.jit
@@ -157,8 +163,13 @@ def takes(pw: PackedWeight, m: int) -> bool:
 def batch_config(pw: PackedWeight, m: int) -> dict[str, int]:
     """The batch rows GEMV's config for m rows of pw: the rows in as few programs as BATCH_MR
     allows, evenly (MR = m up to 4; 6 rows: two of 3), 4 warps, K split until about 31 warps an
-    SM (as ``default_rows_split``)."""
-    return {"ROWS": 1, "num_warps": 4, "MR": triton.cdiv(m, triton.cdiv(m, BATCH_MR))}
+    SM (as ``default_rows_split``); programs of 2 rows given a budget of BATCH_MAXNREG
+    registers (maxnreg)."""
+    mr = triton.cdiv(m, triton.cdiv(m, BATCH_MR))
+    cfg = {"ROWS": 1, "num_warps": 4, "MR": mr}
+    if BATCH_MAXNREG and mr == 2:
+        cfg["MAXNREG"] = BATCH_MAXNREG
+    return cfg
 
 
 def batch_split(pw: PackedWeight, groups: int, warps: int) -> int:

@@ -116,3 +116,18 @@ def test_gated_epilogue(act: int) -> None:
     g, u = y[:, 0::2], y[:, 1::2]
     want = (F.silu(g) if act == 1 else F.gelu(g, approximate="tanh")) * u
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="Llama-3-8B shapes and 64-row wgmma tiles: GPU only")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [16, 64])
+def test_llama_shapes_in_wgmma_tiles(qtype: T, m: int) -> None:
+    n, k = 6144, 4096
+    pw = interleave(_weight(qtype, n, k, seed=3))
+    w, g = _layout(qtype)
+    step = w * g if qtype in CHUNK_STEP_TYPES else w
+    x = torch.cat([representable(k, step, seed=s) for s in range(m)]).to(DEVICE)
+    want = x.double() @ unpack(pw).double().T
+    cfg = {**CFG, "BLOCK_M": min(m, 64), "BLOCK_N": 64, "num_stages": 3}
+    got = packed_matmul(x, pw, torch.float32, config=cfg)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())

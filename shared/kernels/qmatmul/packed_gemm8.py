@@ -7,7 +7,12 @@ instructions forming every weight. As llama.cpp's MMQ does, this kernel keeps th
 integers: a field of a chunk's words (``packed_chunk``) is masked into int8 codes, the
 activations are rounded to int8 per sub-block (``int8_activations.prepare_rows_int8``: the
 GEMV's rounding, in row order), and one ``tl.dot`` per sub-block sums ``code * x`` exactly in
-int32. The sub-block's scales then meet that sum once per output:
+int32. As in ``packed_gemm_first``, the codes are the dot's first operand (``codes @ x.T``,
+[BLOCK_N, BLOCK_M]): on Hopper a wgmma of 64 weight rows reads them from registers (sm_90,
+``tools/kernel_sass``: ``IGMMA.64x16x32.S8.S8`` with no STS or LDSM in the Q4_K loop) with the
+activation tile as N, where the activations-first form (x @ codes.T) took 16-row mma.sync tiles
+and staged the codes through shared memory, and lost to the fp16 GEMMs 2-4x (BENCHMARKS.md
+(u)). The sub-block's scales then meet that sum once per output:
 
     out[m, n] += dx[m, j] * A[n, j] * dot - xs[m, j] * B[n, j]
 
@@ -90,34 +95,36 @@ def _scale(QTYPE: tl.constexpr, J: tl.constexpr, s0, s1, m0, m1, d, dmin):
 
 
 @triton.jit
-def _dot(QTYPE: tl.constexpr, HI: tl.constexpr, J: tl.constexpr, xq_rows, c, mmask, w, wh, h,
+def _dot(QTYPE: tl.constexpr, HI: tl.constexpr, J: tl.constexpr, xq_cols, c, mmask, w, wh, h,
          W: tl.constexpr, G: tl.constexpr):  # fmt: skip
-    """int32 [BLOCK_M, BLOCK_N]: sub-block J's codes times its int8 activations. An int8 dot
-    takes K >= 32: sub-blocks of 16 (Q6_K) join their neighbour's codes and see zeros for its
-    activations."""
+    """int32 [BLOCK_N, BLOCK_M]: sub-block J's codes (the dot's first operand, formed in
+    registers) times its int8 activations (xq_cols: the rows' pointers as columns). An int8
+    dot takes K >= 32: sub-blocks of 16 (Q6_K) join their neighbour's codes and see zeros for
+    its activations."""
     if W == 32:
-        i = tl.arange(0, W)[None, :]
-        xj = tl.load(xq_rows + c * (W * G) + J * W + i, mask=mmask[:, None], other=0)
-        return tl.dot(xj, tl.trans(_codes(QTYPE, HI, J, w, wh, h)), out_dtype=tl.int32)
+        i = tl.arange(0, W)[:, None]
+        xj = tl.load(xq_cols + c * (W * G) + J * W + i, mask=mmask[None, :], other=0)
+        return tl.dot(_codes(QTYPE, HI, J, w, wh, h), xj, out_dtype=tl.int32)
     P: tl.constexpr = J - J % 2  # the pair's first sub-block
-    t = tl.arange(0, 2 * W)[None, :]
-    x2 = tl.load(xq_rows + c * (W * G) + P * W + t, mask=mmask[:, None], other=0)
+    t = tl.arange(0, 2 * W)[:, None]
+    x2 = tl.load(xq_cols + c * (W * G) + P * W + t, mask=mmask[None, :], other=0)
     pair = tl.join(_codes(QTYPE, HI, P, w, wh, h), _codes(QTYPE, HI, P + 1, w, wh, h))
-    pair = tl.trans(tl.reshape(tl.permute(pair, (0, 2, 1)), (w.shape[0], 2 * W)))
+    pair = tl.reshape(tl.permute(pair, (0, 2, 1)), (w.shape[0], 2 * W))
     own = (t >= W) == (J % 2 == 1)
-    return tl.dot(tl.where(own, x2, 0).to(tl.int8), pair, out_dtype=tl.int32)
+    return tl.dot(pair, tl.where(own, x2, 0).to(tl.int8), out_dtype=tl.int32)
 
 
 @triton.jit
 def _step8(
-    acc, c, xq_rows, xd_rows, xs_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
+    acc, c, xq_cols, xd_cols, xs_cols, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
     rows, nmask, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr, R32: tl.constexpr,
     CHUNK_STEP: tl.constexpr,
 ):  # fmt: skip
-    """Chunk c into acc. K-quants (one activation step a chunk): the sub-blocks' dots meet
-    their integer scales in int32, the float factors once a chunk. Other types: each dot is
-    scaled by its sub-block's steps and fp16 factors."""
+    """Chunk c into acc ([BLOCK_N, BLOCK_M]: weight rows by activation rows). K-quants (one
+    activation step a chunk): the sub-blocks' dots meet their integer scales in int32, the float
+    factors once a chunk. Other types: each dot is scaled by its sub-block's steps and fp16
+    factors."""
     w, wh, h = load_chunk(R32, HI, q_ptr, hi_ptr, rows, nmask, c, stride_q, W)
     s0, s1, m0, m1, d, dmin = load_meta(
         R32, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, nmask, c, stride_s, stride_d
@@ -132,23 +139,23 @@ def _step8(
                 mn = sc
             else:
                 mn = _byte(m0, m0, j)
-            isum += _dot(QTYPE, HI, j, xq_rows, c, mmask, w, wh, h, W, G) * sc[None, :]
-            qs = tl.load(xs_rows + c * G + j, mask=mmask, other=0)
-            imin += qs[:, None] * mn[None, :]
-        dx = tl.load(xd_rows + c, mask=mmask, other=0.0)
+            isum += _dot(QTYPE, HI, j, xq_cols, c, mmask, w, wh, h, W, G) * sc[:, None]
+            qs = tl.load(xs_cols + c * G + j, mask=mmask, other=0)
+            imin += mn[:, None] * qs[None, :]
+        dx = tl.load(xd_cols + c, mask=mmask, other=0.0)
         if QTYPE == Q6_K:  # d * sc * (q - 32)
-            acc += ((isum - 32 * imin).to(tl.float32) * dx[:, None]) * d[None, :]
+            acc += ((isum - 32 * imin).to(tl.float32) * d[:, None]) * dx[None, :]
         else:  # d * sc * q - dmin * mn
-            part = isum.to(tl.float32) * d[None, :] - imin.to(tl.float32) * dmin[None, :]
-            acc += part * dx[:, None]
+            part = isum.to(tl.float32) * d[:, None] - imin.to(tl.float32) * dmin[:, None]
+            acc += part * dx[None, :]
     else:
         for j in tl.static_range(G):
-            dot = _dot(QTYPE, HI, j, xq_rows, c, mmask, w, wh, h, W, G)
+            dot = _dot(QTYPE, HI, j, xq_cols, c, mmask, w, wh, h, W, G)
             a, b = _scale(QTYPE, j, s0, s1, m0, m1, d, dmin)
-            dx = tl.load(xd_rows + c * G + j, mask=mmask, other=0.0)
-            acc += (dot.to(tl.float32) * dx[:, None]) * a[None, :]
+            dx = tl.load(xd_cols + c * G + j, mask=mmask, other=0.0)
+            acc += (dot.to(tl.float32) * a[:, None]) * dx[None, :]
             if QTYPE != Q8_0:
-                acc -= tl.load(xs_rows + c * G + j, mask=mmask, other=0.0)[:, None] * b[None, :]
+                acc -= b[:, None] * tl.load(xs_cols + c * G + j, mask=mmask, other=0.0)[None, :]
     return acc
 
 
@@ -172,15 +179,15 @@ def _gemm8_kernel(
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     rows_m, rows, mmask, nmask, c0, c1 = gemm_tile(M, N, n_chunks, per_split, BLOCK_M, BLOCK_N)
-    xq_rows = xq_ptr + rows_m[:, None] * stride_xm
-    xd_rows = xd_ptr + rows_m * stride_dm
-    xs_rows = xs_ptr + rows_m * stride_sm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    xq_cols = xq_ptr + rows_m[None, :] * stride_xm  # the activation rows as the dot's columns
+    xd_cols = xd_ptr + rows_m * stride_dm
+    xs_cols = xs_ptr + rows_m * stride_sm
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # weight rows x activation rows
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         c = c0
         while c < c1:
             acc = _step8(
-                acc, c, xq_rows, xd_rows, xs_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
+                acc, c, xq_cols, xd_cols, xs_cols, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
                 dmin_ptr, rows, nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, R32,
                 CHUNK_STEP,
             )  # fmt: skip
@@ -188,11 +195,12 @@ def _gemm8_kernel(
     else:
         for c in range(c0, c1):
             acc = _step8(
-                acc, c, xq_rows, xd_rows, xs_rows, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
+                acc, c, xq_cols, xd_cols, xs_cols, mmask, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
                 dmin_ptr, rows, nmask, stride_q, stride_s, stride_d, QTYPE, HI, W, G, R32,
                 CHUNK_STEP,
             )  # fmt: skip
-    store_tile(out_ptr, acc, rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N, ACT)
+    store_tile(out_ptr, tl.trans(acc), rows_m, rows, M, N, stride_om, stride_os, BLOCK_M, BLOCK_N,
+               ACT)  # fmt: skip
 
 
 def launch_gemm8(x, pw, out, cfg, interp, act: int = 0) -> None:

@@ -19,13 +19,11 @@ import argparse
 import torch
 from gguf import GGMLQuantizationType as T
 
-from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_int8_rows_batch import batch_config
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
-from shared.kernels.qmatmul.packed_rows import interleave
-from shared.kernels.qmatmul.timing import cold_dense_ms, cold_graph_ms, weight_copies
+from shared.kernels.qmatmul.timing import cold_dense_ms, cold_graph_ms
 from shared.kernels.qmatmul.tuning import INT8_TOL, agrees
-from tools.bench_qgemv import copy_bandwidth, random_weight
+from tools.bench_qgemv import copy_bandwidth, interleaved_cases
 
 SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))
 
@@ -54,33 +52,28 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes] if a.shapes else SHAPES
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bandwidth():.0f} GB/s; "
           "µs per call (GB/s of the packed weight), weight cold, graph-replayed")  # fmt: skip
-    for name in a.types:
+    for name, n, k, pw, copies, dense in interleaved_cases(a.types, shapes):
         qt = T[name]
-        for n, k in shapes:
-            pw = interleave(pack(random_weight(qt, n, k), qt, (n, k)))
-            copies = weight_copies(pw)
-            dense = unpack(pw).to(torch.bfloat16)
-            dense_copies = [dense] + [dense.clone() for _ in range(200_000_000 // dense.nbytes)]
-            x1 = torch.randn(1, k, device=device, dtype=torch.bfloat16)
-            one = cold_graph_ms(x1, copies, None) * 1e3
-            print(f"{name} {n}x{k}: one row {one:.1f} µs ({pw.nbytes / one / 1e3:.0f} GB/s)")
-            for m in a.m:
-                x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-                want = x.double() @ dense.double().T
-                cublas = cold_dense_ms(x, dense_copies) * 1e3
-                before = default_config(m, n, k, device, qt, dtype=x.dtype)
-                cells = [f"before {_us(x, pw, copies, before, want)}", f"cuBLAS {cublas:7.1f}"]
-                shipped = batch_config(pw, m)
-                cells.append(f"MR={shipped['MR']}* {_us(x, pw, copies, shipped, want)}")
-                for mr in (r for r in a.mr if r <= m and r != shipped["MR"]):
-                    cfg = {**shipped, "MR": mr}
-                    cells.append(f"MR={mr} {_us(x, pw, copies, cfg, want)}")
-                for regs in a.regs:
-                    cfg = {**shipped, "MAXNREG": regs}
-                    cells.append(f"MR={shipped['MR']} r{regs} {_us(x, pw, copies, cfg, want)}")
-                print(f"  m={m}: " + "  ".join(cells), flush=True)
-            del dense_copies, copies
-            torch.cuda.empty_cache()
+        x1 = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+        one = cold_graph_ms(x1, copies, None) * 1e3
+        print(f"{name} {n}x{k}: one row {one:.1f} µs ({pw.nbytes / one / 1e3:.0f} GB/s)")
+        for m in a.m:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            want = x.double() @ dense[0].double().T
+            cublas = cold_dense_ms(x, dense) * 1e3
+            before = default_config(m, n, k, device, qt, dtype=x.dtype)
+            cells = [f"before {_us(x, pw, copies, before, want)}", f"cuBLAS {cublas:7.1f}"]
+            shipped = batch_config(pw, m)
+            cells.append(f"MR={shipped['MR']}* {_us(x, pw, copies, shipped, want)}")
+            for mr in (r for r in a.mr if r <= m and r != shipped["MR"]):
+                cfg = {**shipped, "MR": mr}
+                cells.append(f"MR={mr} {_us(x, pw, copies, cfg, want)}")
+            for regs in a.regs:
+                cfg = {**shipped, "MAXNREG": regs}
+                cells.append(f"MR={shipped['MR']} r{regs} {_us(x, pw, copies, cfg, want)}")
+            print(f"  m={m}: " + "  ".join(cells), flush=True)
+        del dense, copies
+        torch.cuda.empty_cache()
     return 0
 
 

@@ -22,12 +22,10 @@ import argparse
 import torch
 from gguf import GGMLQuantizationType as T
 
-from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_matmul import first_config, packed_matmul
-from shared.kernels.qmatmul.packed_rows import interleave
-from shared.kernels.qmatmul.timing import cold_dense_ms, cold_graph_ms, weight_copies
+from shared.kernels.qmatmul.timing import cold_dense_ms, cold_graph_ms
 from shared.kernels.qmatmul.tuning import Tuner
-from tools.bench_qgemv import random_weight
+from tools.bench_qgemv import interleaved_cases
 
 SHAPES = ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (1024, 4096))
 # (BLOCK_N, num_warps, num_stages) x split counts for --sweep
@@ -61,45 +59,40 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     tuner = Tuner(device)
     print(f"{torch.cuda.get_device_name()}: µs per call (weight cold, graph-replayed)")
-    for name in args.types:
+    for name, n, k, pw, copies, dense in interleaved_cases(args.types, SHAPES):
         qt = T[name]
-        for n, k in SHAPES:
-            pw = interleave(pack(random_weight(qt, n, k), qt, (n, k)))
-            copies = weight_copies(pw)
-            dense = unpack(pw).to(torch.bfloat16)
-            dense_copies = [dense] + [dense.clone() for _ in range(200_000_000 // dense.nbytes)]
-            for m in args.m:
-                x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-                cublas = cold_dense_ms(x, dense_copies) * 1e3
-                want = x.double() @ dense.double().T
-                engine_cfg = tuner.config(pw, m, x.dtype)
-                engine = cold_graph_ms(x, copies, engine_cfg) * 1e3
-                first_cfg = first_config(m, n, device, qt)
-                first = _checked_us(x, pw, copies, first_cfg, want)
-                gbs = pw.nbytes / first / 1e3
-                print(f"{name} {n}x{k} m={m}: cuBLAS on copy {cublas:7.1f}  engine {engine:7.1f} "
-                      f"{engine_cfg}  first_config {first:7.1f} ({gbs:.0f} GB/s) "
-                      f"{first_cfg}", flush=True)  # fmt: skip
-                for fj in args.fj:
-                    us = _checked_us(x, pw, copies, {**first_cfg, "FJ": fj}, want)
-                    print(f"    FJ={fj}: {us:7.1f}", flush=True)
-                for stages in args.i8:
-                    cfg = {"I8": 1, "BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": 64,
-                           "num_warps": 4, "num_stages": stages}  # fmt: skip
-                    us = _checked_us(x, pw, copies, cfg, want, tol=2e-2)
-                    print(f"    I8 {stages} stages: {us:7.1f} ({pw.nbytes / us / 1e3:.0f} GB/s)",
-                          flush=True)  # fmt: skip
-                if not args.sweep:
-                    continue
-                cells = []
-                for bn, warps, stages in SWEEP:
-                    for s in SPLITS:
-                        cfg = {"BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": bn,
-                               "num_warps": warps, "num_stages": stages, "SPLIT_K": s,
-                               "FIRST": 1}  # fmt: skip
-                        cells.append(f"{bn}/{warps}/{stages}/s{s} "
-                                     f"{_checked_us(x, pw, copies, cfg, want):.1f}")  # fmt: skip
-                print("    " + "  ".join(cells), flush=True)
+        for m in args.m:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            cublas = cold_dense_ms(x, dense) * 1e3
+            want = x.double() @ dense[0].double().T
+            engine_cfg = tuner.config(pw, m, x.dtype)
+            engine = cold_graph_ms(x, copies, engine_cfg) * 1e3
+            first_cfg = first_config(m, n, device, qt)
+            first = _checked_us(x, pw, copies, first_cfg, want)
+            gbs = pw.nbytes / first / 1e3
+            print(f"{name} {n}x{k} m={m}: cuBLAS on copy {cublas:7.1f}  engine {engine:7.1f} "
+                  f"{engine_cfg}  first_config {first:7.1f} ({gbs:.0f} GB/s) "
+                  f"{first_cfg}", flush=True)  # fmt: skip
+            for fj in args.fj:
+                us = _checked_us(x, pw, copies, {**first_cfg, "FJ": fj}, want)
+                print(f"    FJ={fj}: {us:7.1f}", flush=True)
+            for stages in args.i8:
+                cfg = {"I8": 1, "BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": 64,
+                       "num_warps": 4, "num_stages": stages}  # fmt: skip
+                us = _checked_us(x, pw, copies, cfg, want, tol=2e-2)
+                print(f"    I8 {stages} stages: {us:7.1f} ({pw.nbytes / us / 1e3:.0f} GB/s)",
+                      flush=True)  # fmt: skip
+            if not args.sweep:
+                continue
+            cells = []
+            for bn, warps, stages in SWEEP:
+                for s in SPLITS:
+                    cfg = {"BLOCK_M": 16 if m <= 16 else 64, "BLOCK_N": bn,
+                           "num_warps": warps, "num_stages": stages, "SPLIT_K": s,
+                           "FIRST": 1}  # fmt: skip
+                    cells.append(f"{bn}/{warps}/{stages}/s{s} "
+                                 f"{_checked_us(x, pw, copies, cfg, want):.1f}")  # fmt: skip
+            print("    " + "  ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,20 @@ def random_weight(qtype: T, n: int, k: int) -> torch.Tensor:
     return raw.reshape(n, -1)
 
 
+def interleaved_cases(types: list[str], shapes):
+    """(type name, N, K, the random weight row-interleaved, its copies for cold timings, its
+    bf16 dense copies) per type and (N, K) shape, one at a time."""
+    from shared.kernels.qmatmul.packed import pack
+    from shared.kernels.qmatmul.packed_rows import interleave
+    from shared.kernels.qmatmul.timing import dense_copies, weight_copies
+
+    for name in types:
+        qt = T[name]
+        for n, k in shapes:
+            pw = interleave(pack(random_weight(qt, n, k), qt, (n, k)))
+            yield name, n, k, pw, weight_copies(pw), dense_copies(pw)
+
+
 def bench(qtypes: list[T], ms_list: list[int], copy_gbps: float, dtype: torch.dtype) -> None:
     print(f"{'type':<6}{'N':>7}{'K':>7}{'M':>4}{'us':>9}{'GB/s':>8}{'of copy':>9}")
     for qtype in qtypes:

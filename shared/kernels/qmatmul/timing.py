@@ -15,7 +15,7 @@ import statistics
 import torch
 import triton.testing
 
-from shared.kernels.qmatmul.packed import PackedWeight
+from shared.kernels.qmatmul.packed import PackedWeight, unpack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
 __all__ = ["cold_dense_ms", "cold_graph_ms", "matmul_ms", "weight_copies"]
@@ -47,6 +47,13 @@ def cold_graph_ms(
     """Median ms of one ``packed_matmul(x, w, config=config)`` over the copies of a weight,
     replayed from a CUDA graph."""
     return _graph_ms(x, copies, lambda w: packed_matmul(x, w, config=config), reps)
+
+
+def dense_copies(pw: PackedWeight, dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
+    """pw dequantized to dtype ([N, K]) and clones of it, together at least 200 MB (more than
+    twice the H200's L2): the dense side of cold_dense_ms."""
+    dense = unpack(pw).to(dtype)
+    return [dense] + [dense.clone() for _ in range(200_000_000 // dense.nbytes)]
 
 
 def cold_dense_ms(x: torch.Tensor, dense: list[torch.Tensor], reps: int = 5) -> float:

@@ -19,6 +19,9 @@ import triton.testing
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul import quant_gemv_kquant, quant_gemv_legacy
+from shared.kernels.qmatmul.packed import pack
+from shared.kernels.qmatmul.packed_rows import interleave
+from shared.kernels.qmatmul.timing import dense_copies, weight_copies
 from shared.quant import FP16_FIELDS, block_geometry
 
 DEVICE = "cuda"
@@ -58,10 +61,6 @@ def random_weight(qtype: T, n: int, k: int) -> torch.Tensor:
 def interleaved_cases(types: list[str], shapes):
     """(type name, N, K, the random weight row-interleaved, its copies for cold timings, its
     bf16 dense copies) per type and (N, K) shape, one at a time."""
-    from shared.kernels.qmatmul.packed import pack
-    from shared.kernels.qmatmul.packed_rows import interleave
-    from shared.kernels.qmatmul.timing import dense_copies, weight_copies
-
     for name in types:
         qt = T[name]
         for n, k in shapes:

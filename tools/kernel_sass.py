@@ -70,10 +70,11 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     kind = kind.removesuffix("-act")
     r32 = kind.endswith("-r32")  # over row-interleaved planes (packed_rows)
     kind = kind.removesuffix("-r32")
-    if kind == "gemv":
+    if kind == "gemv":  # the plain float GEMV (packed_gemv_plain)
+        gp = importlib.import_module("shared.kernels.qmatmul.packed_gemv_plain")
         args = [x, *_planes(pw), *split, n, chunks, chunks // 2, *strides, MAGIC]
         consts = {**fields, "BLOCK_N": 16, "SPLITS": 2, "UNROLL": 0, "ACT": act}
-        return mm._gemv_kernel, args, consts
+        return gp.gemv_kernel, args, consts
     if kind == "gemv-f":  # the factored GEMV (packed_gemv), float32 activations and V-sums
         gv = importlib.import_module("shared.kernels.qmatmul.packed_gemv")
         xf, xs = torch.empty(k, dtype=torch.float32), torch.empty(k // 4, dtype=torch.float32)

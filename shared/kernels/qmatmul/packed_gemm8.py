@@ -107,11 +107,11 @@ def _dot(QTYPE: tl.constexpr, HI: tl.constexpr, J: tl.constexpr, xq_cols, c, mma
         return tl.dot(_codes(QTYPE, HI, J, w, wh, h), xj, out_dtype=tl.int32)
     P: tl.constexpr = J - J % 2  # the pair's first sub-block
     t = tl.arange(0, 2 * W)[:, None]
-    x2 = tl.load(xq_cols + c * (W * G) + P * W + t, mask=mmask[None, :], other=0)
+    own = (t >= W) == (J % 2 == 1)  # J's half of the pair's activations; zeros for the other
+    x2 = tl.load(xq_cols + c * (W * G) + P * W + t, mask=own & mmask[None, :], other=0)
     pair = tl.join(_codes(QTYPE, HI, P, w, wh, h), _codes(QTYPE, HI, P + 1, w, wh, h))
     pair = tl.reshape(tl.permute(pair, (0, 2, 1)), (w.shape[0], 2 * W))
-    own = (t >= W) == (J % 2 == 1)
-    return tl.dot(pair, tl.where(own, x2, 0).to(tl.int8), out_dtype=tl.int32)
+    return tl.dot(pair, x2, out_dtype=tl.int32)
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """The factored packed GEMV (M = 1): sums ``Q * x`` per sub-block first and scales once.
 
-``packed_matmul._gemv_kernel`` forms every weight (``q * scale - offset``) before multiplying it
+``packed_gemv_plain.gemv_kernel`` forms every weight (``q * scale - offset``) before multiplying it
 by its activation: two multiply-adds an element, and the per-row scales of all sub-blocks a
 thread touches are decoded for a handful of elements each. Here a chunk is viewed as
 ``[BLOCK_N, W / V, V]`` words (V words per thread, adjacent in memory), each field's codes are
@@ -13,7 +13,7 @@ the rows, the words of a row in the thread), so a row's scales are decoded by on
 by every thread holding some of its columns. The activations arrive as float32 with the sums of
 every V of them (``prepare_x_kernel``, one small launch): no conversion and no sum per weight.
 Offline (``tools/kernel_sass``, sm_90): 4.9 instructions a weight for Q4_K against 9.2 for
-``_gemv_kernel``, 182 registers for 64 rows on 2 warps.
+``gemv_kernel``, 182 registers for 64 rows on 2 warps.
 
 Selected by ``FACTOR: 1`` in a decode tile config (the tuner times it beside the other GEMV).
 Reference: ``x @ unpack(pw).T`` (tests/test_kernel_packed_gemv.py).

@@ -1,6 +1,6 @@
 """The int8-activation packed GEMV (M = 1, ``INT8: 1``): integer dot products on ``dp4a``.
 
-The float GEMVs (``packed_matmul._gemv_kernel``, ``packed_gemv``) turn every 4-bit code into a
+The float GEMVs (``packed_gemv_plain.gemv_kernel``, ``packed_gemv``) turn every 4-bit code into a
 float and multiply it by its activation: 5-9 instructions a weight on sm_90, and at batch 1 the
 H200 ran out of issue slots long before it ran out of memory bandwidth (ncu: 0.65 issued warps
 a scheduler, 22 % of DRAM). Here, as llama.cpp's MMVQ does, the activations are quantized to

@@ -2,11 +2,9 @@
 
 ``packed_matmul`` picks the kernel by the number of activation rows and the tile config:
 
-- ``_gemv_kernel`` here (one activation row, decode at batch 1): a program owns ``BLOCK_N``
-  weight rows, multiplies each dequantized chunk by the activations on the FMA units and keeps
-  a ``[BLOCK_N, W]`` float32 accumulator that is summed once at the end. When the row tiles
-  alone cannot fill the device the chunk loop is split over a second grid axis (split-K) and
-  the last program of each row tile adds the float32 partials (``split_tickets``). ``FACTOR``:
+- ``packed_gemv_plain`` (one activation row, decode at batch 1): a program owns ``BLOCK_N``
+  weight rows, multiplies each dequantized chunk by the activations on the FMA units, split-K
+  when the row tiles alone cannot fill the device (``split_tickets``). ``FACTOR``:
   the factored GEMV of ``packed_gemv``; ``INT8``: activations rounded to int8 and integer dot
   products (``packed_int8``; an approximation within the int8 rounding's bound, as llama.cpp's
   MMVQ).
@@ -25,12 +23,11 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from shared.kernels.device import interpreted, num_sms
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
-from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
+from shared.kernels.qmatmul.packed_chunk import MAGIC
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
 from shared.kernels.qmatmul.packed_gemm import (
     SMALL_TILE,
@@ -45,6 +42,7 @@ from shared.kernels.qmatmul.packed_gemm8 import I8_TYPES, launch_gemm8
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES, launch_gemm16
 from shared.kernels.qmatmul.packed_gemm_first import launch_gemm_first
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
+from shared.kernels.qmatmul.packed_gemv_plain import gemv_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
 from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows
 from shared.kernels.qmatmul.packed_int8_rows_batch import (
@@ -54,105 +52,11 @@ from shared.kernels.qmatmul.packed_int8_rows_batch import (
 )
 from shared.kernels.qmatmul.packed_int8_tile import launch_int8_tile
 from shared.kernels.qmatmul.packed_rows import ROWS
-from shared.kernels.qmatmul.split_tickets import finish_rows
 from shared.ops.activation import gelu_mul, silu_mul
 
 __all__ = ["config_for", "packed_matmul", "rounds_gated"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@triton.jit
-def _gemv_kernel(
-    x_ptr,  # [K] activations
-    q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-    out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
-    part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
-    N, n_chunks, per_split, stride_q, stride_s, stride_d,
-    magic,  # packed_chunk.MAGIC
-    QTYPE: tl.constexpr,
-    HI: tl.constexpr,
-    W: tl.constexpr,  # words per chunk
-    G: tl.constexpr,  # fields (sub-blocks) per word
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
-    UNROLL: tl.constexpr,  # > 0: exactly this many chunks per program, unrolled (= per_split)
-    ACT: tl.constexpr,  # > 0: rows are gate/up pairs; store act(gate) * up ([N / 2])
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rows < N
-    c0 = tl.program_id(1) * per_split
-    c1 = tl.minimum(c0 + per_split, n_chunks)
-    acc = tl.zeros((BLOCK_N, W), dtype=tl.float32)
-    if UNROLL > 0:
-        # Every load of the program's chunks can be issued before the first multiply.
-        for cc in tl.static_range(UNROLL):
-            c = c0 + cc
-            live = nmask & (c < n_chunks)
-            acc = _gemv_chunk(
-                acc, c, live, c < n_chunks, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
-                dmin_ptr, rows, stride_q, stride_s, stride_d, magic, QTYPE, HI, W, G,
-            )  # fmt: skip
-    elif INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
-        c = c0
-        while c < c1:
-            acc = _gemv_chunk(
-                acc, c, nmask, c >= 0, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-                rows, stride_q, stride_s, stride_d, magic, QTYPE, HI, W, G,
-            )  # fmt: skip
-            c += 1
-    else:
-        # Prefetch: chunk c + 1's words and scales are requested before chunk c is multiplied,
-        # so each program keeps two chunks of loads in flight instead of waiting out every one.
-        live = nmask & (c0 < c1)
-        w, wh, h = load_chunk(False, HI, q_ptr, hi_ptr, rows, live, c0, stride_q, W)
-        s0, s1, m0, m1, d, dmin = load_meta(
-            False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c0, stride_s, stride_d
-        )
-        for c in range(c0, c1):
-            live = nmask & (c + 1 < c1)
-            w2, wh2, h2 = load_chunk(False, HI, q_ptr, hi_ptr, rows, live, c + 1, stride_q, W)
-            t0, t1, n0, n1, e, emin = load_meta(
-                False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c + 1, stride_s, stride_d
-            )
-            acc = _gemv_groups(
-                acc, c, c < c1, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, magic, QTYPE, HI, W, G
-            )
-            w, wh, h = w2, wh2, h2
-            s0, s1, m0, m1, d, dmin = t0, t1, n0, n1, e, emin
-    y = tl.sum(acc, axis=1)
-    finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, BLOCK_N, SPLITS, ACT)
-
-
-@triton.jit
-def _gemv_chunk(
-    acc, c, live, valid, x_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows,
-    stride_q, stride_s, stride_d, mg,
-    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
-):  # fmt: skip
-    w, wh, h = load_chunk(False, HI, q_ptr, hi_ptr, rows, live, c, stride_q, W)
-    s0, s1, m0, m1, d, dmin = load_meta(
-        False, QTYPE, sc_ptr, mn_ptr, d_ptr, dmin_ptr, rows, live, c, stride_s, stride_d
-    )
-    return _gemv_groups(
-        acc, c, valid, w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, mg, QTYPE, HI, W, G
-    )
-
-
-@triton.jit
-def _gemv_groups(
-    acc, c,
-    valid,  # whether chunk c exists (its activations may be read)
-    w, wh, h, s0, s1, m0, m1, d, dmin, x_ptr, mg,
-    QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, G: tl.constexpr,
-):  # fmt: skip
-    i = tl.arange(0, W)
-    for j in tl.static_range(G):
-        val = group(QTYPE, HI, j, w, wh, h, s0, s1, m0, m1, d, dmin, mg)
-        xj = tl.load(x_ptr + c * (W * G) + j * W + i, mask=valid & (i < W), other=0.0)
-        acc += val * xj.to(tl.float32)[None, :]
-    return acc
 
 
 def packed_matmul(
@@ -206,7 +110,7 @@ def packed_matmul(
         return out
     n_chunks = k // CHUNK[pw.qtype]
     cfg = config or config_for(pw, m, x.dtype)
-    interp = interpreted(_gemv_kernel)
+    interp = interpreted(gemv_kernel)
     if pw.rows32 and m == 1:  # row-interleaved planes: the rows GEMV (packed_int8_rows)
         if pw.qtype not in ROWS_TYPES:
             raise ValueError(f"packed_matmul: no GEMV over interleaved {pw.qtype.name} planes")
@@ -242,7 +146,7 @@ def packed_matmul(
                 INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),
             )  # fmt: skip
         else:
-            _gemv_kernel[grid](
+            gemv_kernel[grid](
                 x, *planes(pw), *targets, n, n_chunks, per_split, *strides(pw), MAGIC,
                 **fields(pw), BLOCK_N=cfg["BLOCK_N"], SPLITS=splits, UNROLL=unroll, ACT=act,
                 INTERPRETED=interp, num_warps=cfg.get("num_warps", 4),

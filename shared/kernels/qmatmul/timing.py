@@ -18,7 +18,7 @@ import triton.testing
 from shared.kernels.qmatmul.packed import PackedWeight, unpack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
-__all__ = ["cold_dense_ms", "cold_graph_ms", "matmul_ms", "weight_copies"]
+__all__ = ["cold_dense_ms", "cold_graph_ms", "dense_copies", "matmul_ms", "weight_copies"]
 
 _MAX_COPIES = 64
 

@@ -29,8 +29,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # SKIFF_TEST_TIMES=FILE: one line per test phase as it ends (seconds, outcome, test id), so a
     # run cut off by a device call's time limit still shows where its time went.
+    # Under pytest-xdist the controller writes them (it gets every worker's reports too).
     path = os.environ.get("SKIFF_TEST_TIMES")
-    if path and (report.when == "call" or report.outcome != "passed"):
+    if path and "PYTEST_XDIST_WORKER" not in os.environ and (report.when == "call" or report.outcome != "passed"):
         with open(path, "a") as f:
             f.write(f"{report.duration:8.2f} {report.outcome:7} {report.nodeid}\n")
 

@@ -31,7 +31,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # run cut off by a device call's time limit still shows where its time went.
     # Under pytest-xdist the controller writes them (it gets every worker's reports too).
     path = os.environ.get("SKIFF_TEST_TIMES")
-    if path and "PYTEST_XDIST_WORKER" not in os.environ and (report.when == "call" or report.outcome != "passed"):
+    worker = "PYTEST_XDIST_WORKER" in os.environ
+    if path and not worker and (report.when == "call" or report.outcome != "passed"):
         with open(path, "a") as f:
             f.write(f"{report.duration:8.2f} {report.outcome:7} {report.nodeid}\n")
 

@@ -104,6 +104,15 @@ def test_packed_gemv_split_k_and_ragged_tiles(qtype: T) -> None:
 
 
 @pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0], ids=lambda t: t.name)
+def test_dense_path_keeps_a_float32_result(qtype: T) -> None:
+    """DEQUANT with 16-bit activations and a float32 result (the tuner's reference above 64
+    rows): the product is not rounded to the activations' dtype first (it was, 1.7e-3 off:
+    every 512-row case of the H200's llama3-shape test failed its 2e-5)."""
+    _check(qtype, 64, 1024, 512, torch.bfloat16, config={"DEQUANT": 1})
+
+
+@pytest.mark.skipif(not KERNELS, reason="needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize(
     "cfg",
     [

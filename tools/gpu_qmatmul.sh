@@ -26,14 +26,16 @@ models() { for t in $TYPES; do
   [ -f /tmp/l3-$t.gguf ] || python3 -m tools.llama3_shape /tmp/l3-$t.gguf --type $t; done; }
 case " $STAGES " in *" tests "*)
   # TEST_WORKERS=N: pytest-xdist (in the image) over N processes, since compiling every
-  # parametrization's kernels, not the GPU, bounds this stage (one process ran out of time in (af))
-  SKIFF_QMATMUL_TUNE=0 timeout ${TESTS_S:-300} python3 -m pytest -q -rs -p no:cacheprovider -m "" --durations=8 \
+  # parametrization's kernels, not the GPU, bounds this stage (one process ran out of time in (af)).
+  # The whole log comes back (the failures' tracebacks with it); the reply shows its end.
+  SKIFF_QMATMUL_TUNE=0 timeout ${TESTS_S:-300} python3 -m pytest -q -rs -p no:cacheprovider \
+    -p no:benchmark -m "" --durations=8 --tb=short \
     ${TEST_WORKERS:+-n $TEST_WORKERS} \
     ${TEST_K:+-k "$TEST_K"} ${TEST_FILES:-tests/test_gpu_model.py tests/test_kernel_packed_act.py \
     tests/test_kernel_packed_gemv.py tests/test_kernel_packed_int8.py tests/test_dense_copies.py \
     tests/test_kernel_packed_dequant.py \
     tests/test_kernel_packed_matmul.py tests/test_quant_linear.py tests/test_qmatmul_tuning.py \
-    tests/test_sampling.py tests/test_dequant.py} 2>&1 | tail -30 | tee "$OUT/pytest-kernels.log" ;;
+    tests/test_sampling.py tests/test_dequant.py} 2>&1 | tee "$OUT/pytest-kernels.log" | tail -30 ;;
 esac
 case " $STAGES " in *" attn "*)  # batch 1-8 decode attention by split count (graph-replayed)
   timeout ${ATTN_S:-90} python3 -m tools.bench_attention ${ATTN_ARGS:---splits 1 2 4 8 16} 2>&1 \

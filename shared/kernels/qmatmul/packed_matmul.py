@@ -156,6 +156,8 @@ def packed_matmul(
         if dense is not None and (dense.shape != (n, k) or dense.dtype != x.dtype):
             raise ValueError(f"packed_matmul: dense must be [{n}, {k}] {x.dtype}")
         w = dense if dense is not None else dequantize_packed(pw, x.dtype)
+        if out.dtype != x.dtype:  # another result dtype: the product in float32, not rounded
+            x, w = x.float(), w.float()  # to x's dtype first (the tuner's float32 reference)
         if act:  # one launch reads the interleaved gate/up product and writes act(gate) * up
             y = x @ w.T
             grid = (triton.cdiv(out.numel(), 1024),)

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import CHUNK, pack, unpack
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
-from shared.kernels.qmatmul.tuning import BUCKETS, Tuner, agrees, bucket, candidates
+from shared.kernels.qmatmul.tuning import BUCKETS, Tuner, agrees, bucket, candidates, reference
 from tests.test_kernel_packed_matmul import random_raw
 
 KERNELS = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
@@ -109,6 +109,25 @@ def test_weight_copies_exceed_twice_the_cache() -> None:
     assert all(torch.equal(c.q, pw.q) and c.q.data_ptr() != pw.q.data_ptr() for c in copies[1:])
     assert all(torch.equal(c.sc, pw.sc) and c.qtype == pw.qtype for c in copies)
     assert len(weight_copies(pw, l2=1)) == 2 and len(weight_copies(pw, l2=1 << 40)) == 64
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_exact_candidates_agree_with_the_reference(m: int) -> None:
+    """The tuner keeps a candidate only if it agrees with `reference`: every exact GEMM must
+    (at 64 rows Q4_K's default is the fp16-formed GEMM; as the reference it rejected them all,
+    and the H200's test_tuner_times_every_bucket_on_cuda failed)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    pw = pack(random_raw(T.Q4_K, 64, 512, seed=3).to(device), T.Q4_K, (64, 512))
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m)).half().to(device)
+    ref = reference(x, pw)
+    want = x.double() @ (unpack(pw).double() if m == 1 else unpack(pw).half().double()).T
+    assert agrees(ref, want.to(device), 1e-5)
+    exact = [c for c in candidates(m, pw) if not {"F16", "INT8", "I8"} & c.keys()][:3]
+    assert exact and all(agrees(packed_matmul(x, pw, torch.float32, c), ref) for c in exact)
 
 
 @pytest.mark.gpu

@@ -37,7 +37,16 @@ from shared.kernels.qmatmul.packed_int8_rows_batch import takes
 from shared.kernels.qmatmul.packed_matmul import config_for, packed_matmul
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies
 
-__all__ = ["BUCKETS", "Tuner", "agrees", "bucket", "candidates", "device_key", "quick_candidates"]
+__all__ = [
+    "BUCKETS",
+    "Tuner",
+    "agrees",
+    "bucket",
+    "candidates",
+    "device_key",
+    "quick_candidates",
+    "reference",
+]
 
 INT8_TOL = 2e-2
 F16_TOL = 2e-3  # fp16-formed weights (packed_gemm16): one fp16 rounding of weights and inputs
@@ -193,6 +202,15 @@ def agrees(got: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> bool:
     return bool(torch.isfinite(got).all()) and float(err) < tol
 
 
+def reference(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
+    """The product candidates are checked against, float32: one row by the default GEMV (the
+    exact weights); more rows by the dense path, whose weights are rounded to x's dtype as
+    every exact GEMM rounds them. (The default tiles were the reference for every bucket, but
+    at 64 rows they are the fp16-formed GEMM, about 1e-3 off: no exact candidate agreed.)"""
+    config = None if x.shape[0] == 1 else {"DEQUANT": 1}
+    return packed_matmul(x, pw, out_dtype=torch.float32, config=config)
+
+
 def timed_buckets(pw: PackedWeight, mode: str) -> tuple[int, ...]:
     """The M buckets a load times for this weight: batch 1 by default, every one with mode "1".
     Batch 1 of an interleaved weight keeps the rows GEMV's default split: every timed pick (one
@@ -264,7 +282,7 @@ class Tuner:
         copies = weight_copies(pw)  # cold weights for the decode-sized timings
         for m in todo:
             x = torch.randn(m, pw.shape[1], device=self.device, dtype=dtype)
-            ref = packed_matmul(x, pw, out_dtype=torch.float32)  # the default tiles
+            ref = reference(x, pw)
             best, best_ms = None, float("inf")
             for cfg in candidates(m, pw) if mode == "1" else quick_candidates(pw):
                 try:

@@ -25,12 +25,12 @@ esac
 models() { for t in $TYPES; do
   [ -f /tmp/l3-$t.gguf ] || python3 -m tools.llama3_shape /tmp/l3-$t.gguf --type $t; done; }
 case " $STAGES " in *" tests "*)
-  # TEST_WORKERS=N: pytest-xdist (in the image) over N processes, since compiling every
+  # pytest-xdist (in the image) over TEST_WORKERS processes (0: one), since compiling every
   # parametrization's kernels, not the GPU, bounds this stage (one process ran out of time in (af)).
   # The whole log comes back (the failures' tracebacks with it); the reply shows its end.
   SKIFF_QMATMUL_TUNE=0 timeout ${TESTS_S:-300} python3 -m pytest -q -rs -p no:cacheprovider \
     -p no:benchmark -m "" --durations=8 --tb=short \
-    ${TEST_WORKERS:+-n $TEST_WORKERS} \
+    -n ${TEST_WORKERS:-12} \
     ${TEST_K:+-k "$TEST_K"} ${TEST_FILES:-tests/test_gpu_model.py tests/test_kernel_packed_act.py \
     tests/test_kernel_packed_gemv.py tests/test_kernel_packed_int8.py tests/test_dense_copies.py \
     tests/test_kernel_packed_dequant.py \

@@ -21,11 +21,16 @@ M=.device/models
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
-timeout ${GPU_TESTS_S:-300} python3 -m pytest -m gpu -q -s -rs -p no:cacheprovider tests 2>&1 \
+# pytest-xdist (in the image) over TEST_WORKERS processes (0: one): compiling kernels, not the
+# GPU, bounds these runs. The gpu-marked files each in one process (some start services).
+W=${TEST_WORKERS:-12}
+timeout ${GPU_TESTS_S:-300} python3 -m pytest -m gpu -q -rs -p no:cacheprovider -p no:benchmark \
+  --tb=short -n $W --dist loadfile tests 2>&1 \
   | tee "$OUT/pytest-gpu.log"
 rc=${PIPESTATUS[0]}
 # The kernel tests run natively at their CUDA sizes (not only the gpu-marked ones).
-timeout ${KERNEL_TESTS_S:-240} python3 -m pytest -q -rs -p no:cacheprovider -m "" \
+timeout ${KERNEL_TESTS_S:-240} python3 -m pytest -q -rs -p no:cacheprovider -p no:benchmark -m "" \
+  --tb=short -n $W \
   tests/test_kernel_paged_attention.py tests/test_kernel_paged_attention_fp8.py \
   tests/test_kernel_paged_attention_args.py tests/test_kernels_fused.py \
   tests/test_kernel_rope_kv_fp8.py tests/test_triton_model.py \

@@ -13,7 +13,7 @@ TORCH ?= torch==2.13.0
 RUNTIME_STAMP := $(VENV)/.skiff-runtime
 STAMP := $(VENV)/.skiff-installed
 
-.PHONY: install install-runtime models test lint pytest serve gpu-wheels clean
+.PHONY: install install-runtime models test lint pytest serve gpu-wheels gpu-payload clean
 
 $(RUNTIME_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,15 @@ gpu-wheels:
 	  --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 msgspec pyzmq \
 	  openai==3.57.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection \
 	  jiter distro sniffio httpx2==2.16.2 httpcore2==2.16.2 anyio truststore typing-extensions
+
+# What a device call carries (`carry: [".whl", ".device", ".tcache"]`): the wheels and the
+# llama.cpp-quantized synthetic models (their dequantized f32 twins stay: 40 MB each, and the
+# GPU tests write the f32 ones they need); .tcache comes from `bash tools/gpu_cache.sh fetch`.
+gpu-payload: gpu-wheels models
+	mkdir -p .device/models/synthetic
+	find $(MODELS)/synthetic -name '*.gguf' ! -name '*dequant*' ! -name '*.f32.gguf' \
+	  -exec cp {} .device/models/synthetic/ \;
+	du -sh .whl .device $(wildcard .tcache)
 
 clean:
 	rm -rf $(VENV) $(MODELS)

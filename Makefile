@@ -67,8 +67,8 @@ gpu-wheels:
 	  jiter distro sniffio httpx2==2.16.2 httpcore2==2.16.2 anyio truststore typing-extensions
 
 # What a device call carries (`carry: [".whl", ".device", ".tcache"]`): the wheels and the
-# llama.cpp-quantized synthetic models (their dequantized f32 twins stay: 40 MB each, and the
-# GPU tests write the f32 ones they need); .tcache comes from `bash tools/gpu_cache.sh fetch`.
+# llama.cpp-quantized synthetic models (their dequantized twins and the llama f32 stay, 40 MB
+# each; test_gpu_model writes its small f32 models there); .tcache: `tools/gpu_cache.sh fetch`.
 gpu-payload: gpu-wheels models
 	mkdir -p .device/models/synthetic
 	find $(MODELS)/synthetic -name '*.gguf' ! -name '*dequant*' ! -name '*.f32.gguf' \

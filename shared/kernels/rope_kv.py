@@ -17,7 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
+from shared.kernels.device import interpreted
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
+from shared.kernels.rounding import to_dtype
 from shared.ops.paged_attention_fp8 import fixed_scales
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -125,6 +127,7 @@ def _rope_write_kv_kernel(
     BLOCK_PASS: tl.constexpr,  # >= HEAD_DIM - ROPE_DIM
     BLOCK_D: tl.constexpr,  # >= HEAD_DIM
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
+    INTERPRETED: tl.constexpr,  # bf16 rounded to nearest by hand (shared.kernels.rounding)
 ):
     # grid: (T, q head groups + kv head groups); a program rotates BH q heads, or rotates BH
     # k heads and stores them with their v heads.
@@ -154,8 +157,8 @@ def _rope_write_kv_kernel(
         src = q_ptr + t * stride_qt
         o1, o2 = _rotate(src, heads * stride_qh, c1, c2, mask, cos, sin)
         dst = q_out_ptr + (t * n_heads + heads) * HEAD_DIM
-        tl.store(dst + c1, o1.to(q_out_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + c2, o2.to(q_out_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + c1, to_dtype(o1, q_out_ptr.dtype.element_ty, INTERPRETED), mask=mask)
+        tl.store(dst + c2, to_dtype(o2, q_out_ptr.dtype.element_ty, INTERPRETED), mask=mask)
         if ROPE_DIM < HEAD_DIM:
             pmask = head_mask & (pass_cols < HEAD_DIM)
             rest = tl.load(src + heads * stride_qh + pass_cols, mask=pmask)
@@ -173,8 +176,8 @@ def _rope_write_kv_kernel(
             src = k_ptr + t * stride_kt
             o1, o2 = _rotate(src, heads * stride_kh, c1, c2, mask, cos, sin)
             # rounded to k's dtype first, as the reference rotates k and then writes it
-            o1 = o1.to(k_ptr.dtype.element_ty).to(tl.float32)
-            o2 = o2.to(k_ptr.dtype.element_ty).to(tl.float32)
+            o1 = to_dtype(o1, k_ptr.dtype.element_ty, INTERPRETED).to(tl.float32)
+            o2 = to_dtype(o2, k_ptr.dtype.element_ty, INTERPRETED).to(tl.float32)
             pmask = head_mask & (pass_cols < HEAD_DIM)
             rest = tl.zeros((BH, BLOCK_PASS), dtype=tl.float32)
             if ROPE_DIM < HEAD_DIM:
@@ -206,12 +209,13 @@ def _rope_write_kv_kernel(
                 rest = _fp8_scaled(rest, k_scale, FP8_MAX)
                 vals = _fp8_scaled(vals, v_scale, FP8_MAX)
             k_dtype = k_cache_ptr.dtype.element_ty
-            tl.store(k_cache_ptr + cache_row + c1, o1.to(k_dtype), mask=mask)
-            tl.store(k_cache_ptr + cache_row + c2, o2.to(k_dtype), mask=mask)
+            tl.store(k_cache_ptr + cache_row + c1, to_dtype(o1, k_dtype, INTERPRETED), mask=mask)
+            tl.store(k_cache_ptr + cache_row + c2, to_dtype(o2, k_dtype, INTERPRETED), mask=mask)
             if ROPE_DIM < HEAD_DIM:
-                tl.store(k_cache_ptr + cache_row + pass_cols, rest.to(k_dtype), mask=pmask)
+                rest = to_dtype(rest, k_dtype, INTERPRETED)
+                tl.store(k_cache_ptr + cache_row + pass_cols, rest, mask=pmask)
             v_dtype = v_cache_ptr.dtype.element_ty
-            tl.store(v_cache_ptr + cache_row + d, vals.to(v_dtype), mask=vmask)
+            tl.store(v_cache_ptr + cache_row + d, to_dtype(vals, v_dtype, INTERPRETED), mask=vmask)
 
 
 def _check_inputs(
@@ -343,6 +347,7 @@ def rope_and_write_kv(
         FIXED_SCALES=fp8 and fixed_scales(k_scale_cache),
         BH=bh, BLOCK_PAIRS=triton.next_power_of_2(rope_dim // 2),
         BLOCK_PASS=triton.next_power_of_2(max(head_dim - rope_dim, 1)), BLOCK_D=block_d,
-        PDL=early, num_warps=4, **launch_kw(early),
+        PDL=early, INTERPRETED=interpreted(_rope_write_kv_kernel), num_warps=4,
+        **launch_kw(early),
     )  # fmt: skip
     return q_out

@@ -11,6 +11,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul import PACKED_TYPES
+from shared.kernels.qmatmul.packed_int8_rows_batch import takes
 from shared.model.linear import GatedLinear, QuantLinear, SplitLinear
 from shared.quant import dequantize
 from tests.test_kernel_packed_matmul import random_raw
@@ -21,6 +22,13 @@ pytestmark = pytest.mark.skipif(
 )
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 48, 512
+
+
+def tolerance(layer: QuantLinear, rows: int) -> float:
+    """1e-5 of the product, or 2e-2 where CUDA runs the int8 rows GEMVs (1 .. BATCH_ROWS rows
+    of interleaved planes), which round the activations to int8 first."""
+    pw = layer.packed
+    return 2e-2 if pw is not None and (rows == 1 and pw.rows32 or takes(pw, rows)) else 1e-5
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_1, T.Q5_K, T.Q3_K])
@@ -36,7 +44,7 @@ def test_every_path_computes_the_dequantized_product(qtype: T, m: int) -> None:
     got = layer(x)
     assert got.shape == (2, m, N)
     err = ((got.double() - want).norm() / want.norm()).item()
-    assert err < 1e-5, f"{qtype.name} M={m}: relative error {err:.2e}"
+    assert err < tolerance(layer, 2 * m), f"{qtype.name} M={m}: relative error {err:.2e}"
     # the weight a tied head or a debugger sees is the GGUF dequantization, bit for bit
     assert torch.equal(layer.weight(), dequantize(raw, qtype, (N, K)))
 
@@ -70,10 +78,11 @@ def test_split_linear_with_runs_of_one_type() -> None:
     split = SplitLinear([qk, v], sizes)
     assert split.runs == [[32, 16], [16]]
     x = torch.randn(3, K, device=DEVICE)
+    tol = max(tolerance(qk, 3), tolerance(v, 3))
     for got, raw, t, n in zip(split(x), raws, types, sizes, strict=True):
         want = x.double() @ dequantize(raw, t, (n, K)).double().T
         assert got.shape == (3, n)
-        assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
+        assert ((got.double() - want).norm() / want.norm()).item() < tol
     with pytest.raises(ValueError, match="not a run"):
         SplitLinear([v, qk], sizes)  # 16 rows first: not a run of 32, 16, 16
     with pytest.raises(ValueError, match="rows for"):
@@ -105,9 +114,10 @@ def test_loader_fuses_each_run_of_one_type(tmp_path) -> None:
     split = loader.split_linear(["q", "k", "v"], sizes, K)
     assert [p.shape for p in split.parts] == [(48, K), (16, K)]
     x = torch.randn(2, K, device=DEVICE)
+    tol = max(tolerance(part, 2) for part in split.parts)
     for got, raw, t, n in zip(split(x), raws, types, sizes, strict=True):
         want = x.double() @ dequantize(raw.to(DEVICE), t, (n, K)).double().T
-        assert ((got.double() - want).norm() / want.norm()).item() < 1e-5
+        assert ((got.double() - want).norm() / want.norm()).item() < tol
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0])
@@ -155,7 +165,7 @@ def test_gated_linear_equals_the_activation_of_gate_and_up(act: int, m: int) -> 
     got = layer(x)
     assert got.shape == (2, m, f)
     err = ((got.double() - want).norm() / want.norm()).item()
-    assert err < 1e-5, f"act {act} M={m}: relative error {err:.2e}"
+    assert err < tolerance(layer.fused, 2 * m), f"act {act} M={m}: relative error {err:.2e}"
     layer.fused.kernel_error = "pretend the kernel did not build"  # the torch fallback
     err = ((layer(x).double() - want).norm() / want.norm()).item()
     assert err < 1e-5

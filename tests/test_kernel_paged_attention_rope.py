@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shared.kernels.rope_columns import RopeKV
 from shared.kernels.rope_kv import rope_and_write_kv
+from shared.kernels.rope_rows import RopeKV
 from tests.test_kernel_paged_attention import (
     BF16,
     DEVICE,
@@ -59,14 +59,14 @@ def _attend(batch, q, k_cache, v_cache, splits, rope_kv=None):
     )  # fmt: skip
 
 
-# ctx lens (-1: a sequence with no token), GQA group, kv heads, head_dim, rope_dim, neox,
-# freq factors, block size, splits, dtype, small tiles
+# ctx lens (-1: a sequence with no token), GQA group, kv heads, head_dim, rope_dim (the whole
+# head), neox, freq factors, block size, splits, dtype, small tiles
 CASES = [
     ([30, 5, 63, 0], 4, 2, 64, 64, False, False, 16, 1, F32, True),
     ([30, 5, 63, 0], 4, 2, 64, 64, True, False, 16, 3, F32, True),
-    ([47, -1, 16, 2], 2, 2, 64, 32, True, True, 8, 16, F32, True),  # more splits than tiles
+    ([47, -1, 16, 2], 2, 2, 64, 64, True, True, 8, 16, F32, True),  # more splits than tiles
     ([70, 33, 15], 3, 1, 128, 128, False, False, 16, 2, BF16, False),
-    ([70, 33, 15], 4, 2, 128, 96, True, True, 16, 1, BF16, True),
+    ([70, 33, 15], 4, 2, 128, 128, True, True, 16, 1, BF16, True),
 ]
 
 
@@ -110,6 +110,11 @@ def test_folded_rope_rejects_what_it_cannot_do() -> None:
     bad = RopeKV(k, v, pos.int(), slots, 64, 10000.0, False)
     with pytest.raises(ValueError, match="positions"):
         pa.paged_attention(q, batch.k_cache, batch.v_cache, *args, max_query_len=1, rope_kv=bad)
-    odd = RopeKV(k, v, pos, slots, 63, 10000.0, False)
-    with pytest.raises(ValueError, match="rope_dim"):
-        pa.paged_attention(q, batch.k_cache, batch.v_cache, *args, max_query_len=1, rope_kv=odd)
+    for rope_dim in (63, 32):  # only whole heads rotate in the attention programs
+        part = RopeKV(k, v, pos, slots, rope_dim, 10000.0, False)
+        with pytest.raises(ValueError, match="rope_dim"):
+            pa.paged_attention(
+                q, batch.k_cache, batch.v_cache, *args, max_query_len=1, rope_kv=part
+            )
+    assert RopeKV.foldable(128, 128) and not RopeKV.foldable(64, 128)
+    assert not RopeKV.foldable(80, 80)

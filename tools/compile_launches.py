@@ -74,7 +74,7 @@ def compile_attention(
     device_splits: split-K with the count read on the device (mixed-step CUDA graphs); rope:
     decode with the step's RoPE and KV write folded in (raw q/k/v views of one QKV output)."""
     import shared.kernels.paged_attention as pa
-    from shared.kernels.rope_columns import RopeKV
+    from shared.kernels.rope_rows import RopeKV
 
     fp8, sms = (lambda device: True), (lambda device: 132)
     with _compile_only(arch, pa, _native_fp8=fp8, _num_sms=sms) as compiled:

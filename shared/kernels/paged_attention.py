@@ -38,7 +38,7 @@ from shared.kernels.gdc import launch_kw, pdl
 from shared.kernels.paged_attention_combine import _combine_splits_kernel
 from shared.kernels.paged_attention_jit import _fp8_e4m3_from_bytes, _paged_attention_kernel
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for
-from shared.kernels.rope_columns import RopeKV
+from shared.kernels.rope_rows import RopeKV
 from shared.ops.paged_attention_fp8 import fixed_scales
 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8)
@@ -188,10 +188,11 @@ def paged_attention(
     the combine pass rounded it (one token, a split count > 1 not read from the device, heads of
     whole sub-blocks; it then saves the next GEMV its rounding launch), else {}.
 
-    With rope_kv (decode batches, max_query_len <= 1, and a 16-bit or float32 cache): q is the
-    step's raw queries and rope_kv carries its raw keys and values; the programs rotate them
-    as ``rope_and_write_kv`` would and write the keys and values to the cache, which then need
-    no launch of their own. Each sequence's new key is its last (seq_len - 1).
+    With rope_kv (decode batches, max_query_len <= 1, a 16-bit or float32 cache, RoPE over
+    whole power-of-two heads: ``RopeKV.foldable``): q is the step's raw queries and rope_kv
+    carries its raw keys and values; the programs rotate them as ``rope_and_write_kv`` would
+    and write the keys and values to the cache, which then need no launch of their own. Each
+    sequence's new key is its last (seq_len - 1).
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -328,8 +329,8 @@ def _rope_args(r: RopeKV | None, q: torch.Tensor) -> dict:
         slot_mapping_ptr=r.slot_mapping, ff_ptr=ff if ff is not None else r.positions,
         stride_nk_t=r.k.stride(0), stride_nk_h=r.k.stride(1),
         stride_nv_t=r.v.stride(0), stride_nv_h=r.v.stride(1),
-        rope_scale=float(r.scale), exponent_step=r.exponent_step(), ROPE_DIM=r.rope_dim,
-        NEOX=bool(r.neox), HAS_FREQ_FACTORS=ff is not None,
+        rope_scale=float(r.scale), exponent_step=r.exponent_step(), NEOX=bool(r.neox),
+        HAS_FREQ_FACTORS=ff is not None,
     )  # fmt: skip
 
 

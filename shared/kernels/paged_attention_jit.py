@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_next, wait_prev
-from shared.kernels.rope_columns import rope_columns, rotate_loaded
+from shared.kernels.rope_rows import pair_angles, rotate_rows
 from shared.kernels.rounding import FP16_MAX, fp16_range, to_dtype
 
 # per-token FP8 scales: the probabilities are multiplied by V's scale times this (see _attend_tile)
@@ -102,10 +102,6 @@ def _attend_tile(
     pre_k=0,  # [BLOCK_D, TILE_N] in the cache dtype, zero from lo_key on
     pre_v=0,  # [TILE_N, BLOCK_D]
     lo_key=0,
-    NEW_KV: tl.constexpr = False,  # the step's own key and value given (decode: one a sequence)
-    new_k=0,  # [BLOCK_D] in the cache dtype: the key at new_key, rotated
-    new_v=0,  # [BLOCK_D] in the cache dtype
-    new_key=0,
 ):
     key = tile * TILE_N + tl.arange(0, TILE_N)
     key_ok = key < seq_len  # slots past the end may hold anything, NaN included: never load them
@@ -115,23 +111,14 @@ def _attend_tile(
     else:
         block = tl.load(table_ptr + key // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         fresh = key_ok
-    if NEW_KV:  # the step's own key is in registers (and written by this kernel): not loaded
-        is_new = key == new_key
-        fresh = fresh & (key != new_key)
     slot = key % BLOCK_SIZE
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
 
     k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
+    k = _load_kv(k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
-    if PRE and NEW_KV:  # decode: the one key at or past lo_key is new_key, so nothing to load
-        k = tl.where(is_new[None, :], new_k[:, None], pre_k)
-        v = tl.where(is_new[:, None], new_v[None, :], pre_v)
-    else:
-        k = _load_kv(k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
-        if NEW_KV:
-            k = tl.where(is_new[None, :], new_k[:, None], k)
-    if PRE and not NEW_KV:  # the step's own values too, before the dot: one round trip, not two
+    if PRE:  # the step's own values too, before the dot: one memory round trip, not two
         k = tl.where(fresh[None, :], k, pre_k)
         v = _load_kv(v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
         v = tl.where(fresh[:, None], v, pre_v)
@@ -154,10 +141,8 @@ def _attend_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
 
     if not PRE:
-        v_ok = fresh[:, None] & d_ok[None, :]
+        v_ok = key_ok[:, None] & d_ok[None, :]
         v = _load_kv(v_ptr + v_off, v_ok, KV_FP8, FP8_FROM_BYTES, q.dtype)
-        if NEW_KV:
-            v = tl.where(is_new[:, None], new_v[None, :], v)
     if TOKEN_SCALES:
         # V's per-token scale goes into the probabilities, p @ (v * s) = (p * s) @ v: one
         # multiply a score and one rounding, where scaling V took a multiply, a clamp and two
@@ -172,7 +157,7 @@ def _attend_tile(
 
 
 @triton.jit
-def _new_kv(
+def _write_new_kv(
     k_ptr,
     v_ptr,
     token,
@@ -181,26 +166,33 @@ def _new_kv(
     stride_k_h,
     stride_v_t,
     stride_v_h,
-    d,
-    partner,
     cos,
-    signed_sin,
-    HEAD_DIM: tl.constexpr,
-    CACHE: tl.constexpr,
+    sin,
+    k_cache,
+    v_cache,
+    slot,
+    stride_kc_b,
+    stride_kc_t,
+    stride_vc_b,
+    stride_vc_t,
+    D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    NEOX: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    """The step's key (rotated, rounded to k's dtype as rope_and_write_kv does) and value of
-    one token and KV head, in the cache dtype."""
-    d_in = d < HEAD_DIM
+    """Rotates one token's key of one KV head (rounded to k's dtype first, as rope_and_write_kv
+    does) and writes it and its value to the caches (at this KV head) at `slot`."""
+    d = tl.arange(0, D)
     k_row = k_ptr + token.to(tl.int64) * stride_k_t + kv_head * stride_k_h
-    k = rotate_loaded(
-        tl.load(k_row + d, mask=d_in, other=0), tl.load(k_row + partner, mask=d_in, other=0),
-        cos, signed_sin,
-    )  # fmt: skip
+    k = tl.reshape(rotate_rows(tl.load(k_row + d)[None, :], cos, sin, 1, D, NEOX), (D,))
     k = to_dtype(k, k_ptr.dtype.element_ty, INTERPRETED).to(tl.float32)
-    v_row = v_ptr + token.to(tl.int64) * stride_v_t + kv_head * stride_v_h
-    v = tl.load(v_row + d, mask=d_in, other=0).to(tl.float32)
-    return to_dtype(k, CACHE, INTERPRETED), to_dtype(v, CACHE, INTERPRETED)
+    v = tl.load(v_ptr + token.to(tl.int64) * stride_v_t + kv_head * stride_v_h + d)
+    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+    cache_dtype = k_cache.dtype.element_ty
+    k_row = k_cache + block * stride_kc_b + offset * stride_kc_t
+    tl.store(k_row + d, to_dtype(k, cache_dtype, INTERPRETED))
+    v_row = v_cache + block * stride_vc_b + offset * stride_vc_t
+    tl.store(v_row + d, to_dtype(v.to(tl.float32), cache_dtype, INTERPRETED))
 
 
 @triton.jit
@@ -262,22 +254,22 @@ def _paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
-    # decode, 16-bit cache: q, k and v are the step's raw rows; the programs rotate q and k
-    # (shared.kernels.rope_columns) and the one owning a sequence's new key writes it and its
-    # value to the cache at slot_mapping (no rope_and_write_kv launch before this one)
+    # decode, 16-bit cache, whole-head RoPE: q, k and v are the step's raw rows. Programs rotate
+    # their q rows (shared.kernels.rope_rows); the one whose keys hold a sequence's new key
+    # rotates it and writes it and its value to the cache, then reads them back as the fresh
+    # key like the others (no rope_and_write_kv launch before this one)
     ROPE_KV: tl.constexpr = False,
     new_k_ptr=0,  # [T, n_kv_heads, head_dim], last dim contiguous
     new_v_ptr=0,  # [T, n_kv_heads, head_dim], last dim contiguous
     positions_ptr=0,  # [T] int64
     slot_mapping_ptr=0,  # [T] int64, < 0: not written
-    ff_ptr=0,  # [ROPE_DIM // 2] (HAS_FREQ_FACTORS only)
+    ff_ptr=0,  # [head_dim // 2] (HAS_FREQ_FACTORS only)
     stride_nk_t=0,
     stride_nk_h=0,
     stride_nv_t=0,
     stride_nv_h=0,
     rope_scale=1.0,
     exponent_step=0.0,
-    ROPE_DIM: tl.constexpr = 0,
     NEOX: tl.constexpr = False,
     HAS_FREQ_FACTORS: tl.constexpr = False,
 ):
@@ -318,9 +310,8 @@ def _paged_attention_kernel(
         has_token = n_query > 0
         position = tl.load(positions_ptr + q_begin, mask=has_token, other=0)
         new_slot = tl.load(slot_mapping_ptr + q_begin, mask=has_token, other=-1)
-        partner, cos, signed_sin = rope_columns(
-            position, ff_ptr, rope_scale, exponent_step, d, ROPE_DIM, NEOX, HAS_FREQ_FACTORS
-        )
+        cos, sin = pair_angles(position, ff_ptr, rope_scale, exponent_step, BLOCK_D,
+                               HAS_FREQ_FACTORS)  # fmt: skip
         # decode: the new key is the last, at `context`; one split of each KV head holds it
         owns_new = (context >= tile_lo * TILE_N) & (context < tile_hi * TILE_N)
     pre_block, pre_k, pre_v = 0, 0, 0
@@ -351,23 +342,16 @@ def _paged_attention_kernel(
     io_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
     q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
-    new_k, new_v = 0, 0
     if ROPE_KV:
-        qp_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + partner[None, :]
-        q_partner = tl.load(q_ptr + qp_off, mask=io_mask, other=0)
-        q = rotate_loaded(q, q_partner, cos[None, :], signed_sin[None, :])
+        q = rotate_rows(q, cos, sin, BLOCK_M, BLOCK_D, NEOX)
         q = to_dtype(q, q_ptr.dtype.element_ty, INTERPRETED)  # as rope_and_write_kv's q_out
-        new_k, new_v = _new_kv(
-            new_k_ptr, new_v_ptr, q_begin, kv_head, stride_nk_t, stride_nk_h, stride_nv_t,
-            stride_nv_h, d, partner, cos, signed_sin, HEAD_DIM, k_cache_ptr.dtype.element_ty,
-            INTERPRETED,
-        )  # fmt: skip
         if owns_new & (new_slot >= 0):
-            nb = new_slot // BLOCK_SIZE
-            no = new_slot % BLOCK_SIZE
-            d_in = d < HEAD_DIM
-            tl.store(k_ptr + nb * stride_k_b + no * stride_k_t + d, new_k, mask=d_in)
-            tl.store(v_ptr + nb * stride_v_b + no * stride_v_t + d, new_v, mask=d_in)
+            _write_new_kv(
+                new_k_ptr, new_v_ptr, q_begin, kv_head, stride_nk_t, stride_nk_h, stride_nv_t,
+                stride_nv_h, cos, sin, k_ptr, v_ptr, new_slot, stride_k_b, stride_k_t,
+                stride_v_b, stride_v_t, BLOCK_D, BLOCK_SIZE, NEOX, INTERPRETED,
+            )  # fmt: skip
+        tl.debug_barrier()  # its threads load the new key as a fresh one after its stores
     # operands in the cache dtype, like the reference. An FP8 cache's values are exact in fp16,
     # which one instruction forms from a pair of them (bf16 takes a float32 detour, twice the
     # loop's conversions): 16-bit queries compute in fp16, clamped to its range, which keeps
@@ -396,7 +380,7 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
-                True, pre_block, pre_k, pre_v, context, ROPE_KV, new_k, new_v, context,
+                True, pre_block, pre_k, pre_v, context,
             )  # fmt: skip
         tile_lo += 1
     if INTERPRETED:
@@ -410,7 +394,6 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
-                False, 0, 0, 0, 0, ROPE_KV, new_k, new_v, context,
             )  # fmt: skip
             tile += 1
     else:
@@ -422,7 +405,6 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
-                False, 0, 0, 0, 0, ROPE_KV, new_k, new_v, context,
             )  # fmt: skip
 
     if HEAD_SCALES:

@@ -112,8 +112,8 @@ class TritonOps(TorchOps):
         from shared.kernels import norm as norm_k
         from shared.kernels import paged_attention as attn_k
         from shared.kernels.device import num_sms
-        from shared.kernels.rope_columns import RopeKV
         from shared.kernels.rope_kv import rope_and_write_kv
+        from shared.kernels.rope_rows import RopeKV
 
         self._norm, self._act, self._attn_k = norm_k, act_k, attn_k
         self._attn, self._rope_kv, self._rope_kv_args = (
@@ -153,7 +153,8 @@ class TritonOps(TorchOps):
         ks = kv.k_scale[layer] if kv.fp8 else None
         vs = kv.v_scale[layer] if kv.fp8 else None
         folded = None
-        if self._rope_in_attention and batch.max_query_len <= 1 and not kv.fp8:
+        fold = self._rope_in_attention and batch.max_query_len <= 1 and not kv.fp8
+        if fold and self._rope_kv_args.foldable(dim, q.shape[-1]):
             folded = self._rope_kv_args(
                 k, v, batch.positions, batch.slot_mapping, dim, base, neox, rope_scale, factors
             )

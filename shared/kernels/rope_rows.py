@@ -1,10 +1,12 @@
-"""RoPE by column, for kernels that rotate a head they have loaded whole (decode attention with
-the step's RoPE and KV write folded in, ``paged_attention(..., rope_kv=...)``).
+"""RoPE on rows a kernel has loaded whole, for decode attention with the step's RoPE and KV
+write folded in (``paged_attention(..., rope_kv=RopeKV(...))``).
 
-Column d of a head is rotated with its partner column: rotated[d] = x[d] * cos + x[partner] *
-signed_sin, where the pair's first column takes -sin and its second +sin. That is
-``shared.kernels.rope_kv``'s o1 = x1 cos - x2 sin, o2 = x1 sin + x2 cos, with the same angles
-(``_rope_cos_sin``); columns past rope_dim pass through (cos 1, sin 0).
+A [ROWS, D] tile of heads (D = rope_dim, a power of two) is split into its rotated pairs in
+registers: "norm" pairs (2i, 2i+1) by a reshape to [ROWS, D/2, 2], "neox" pairs (i, i + D/2) by
+a reshape to [ROWS, 2, D/2] and a transpose, so each pair's two values come from the one load.
+The rotation and the angles are ``shared.kernels.rope_kv``'s: o1 = x1 cos - x2 sin, o2 = x1 sin
++ x2 cos with theta = (position / scale) * base^(-2i/D) [/ freq_factors[i]], computed for the
+D/2 pairs once a program.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from shared.kernels.rope_kv import _rope_cos_sin
 class RopeKV:
     """The step's RoPE and KV write, for ``paged_attention`` to do in its programs: k and v are
     the step's raw rows ([T, n_kv_heads, head_dim], views of a fused QKV output allowed), q
-    (attention's own argument) is raw too; positions and slot_mapping as ``rope_and_write_kv``'s."""
+    (attention's own argument) is raw too; positions and slot_mapping as ``rope_and_write_kv``'s.
+    Only whole-head rotations of a power-of-two head_dim (``foldable``)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -34,6 +37,11 @@ class RopeKV:
     neox: bool
     scale: float = 1.0
     freq_factors: torch.Tensor | None = None  # [rope_dim // 2]
+
+    @staticmethod
+    def foldable(rope_dim: int, head_dim: int) -> bool:
+        """Whether attention can rotate these heads itself: the whole head, a power of two."""
+        return rope_dim == head_dim and head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
     def check(self, q: torch.Tensor, k_cache: torch.Tensor) -> str | None:
         """What is wrong with these for q and a 16-bit cache, or None."""
@@ -48,8 +56,8 @@ class RopeKV:
         for name, t in (("positions", self.positions), ("slot_mapping", self.slot_mapping)):
             if t.dtype != torch.int64 or t.shape != (n_tokens,) or not t.is_contiguous():
                 return f"rope_kv {name} must be contiguous int64 [{n_tokens}]"
-        if self.rope_dim <= 0 or self.rope_dim % 2 or self.rope_dim > head_dim:
-            return f"rope_dim {self.rope_dim} must be even and in (0, {head_dim}]"
+        if not self.foldable(self.rope_dim, head_dim):
+            return f"rope_dim {self.rope_dim} must be head_dim {head_dim}, a power of two"
         if not (self.base > 0 and self.scale > 0):
             return f"rope base {self.base} and scale {self.scale} must be positive"
         ff = self.freq_factors
@@ -66,36 +74,26 @@ class RopeKV:
 
 
 @triton.jit
-def rope_columns(
-    position,  # int64 scalar
-    ff_ptr,
-    scale,
-    exponent_step,
-    d,  # [BLOCK_D] columns
-    ROPE_DIM: tl.constexpr,
-    NEOX: tl.constexpr,
-    HAS_FREQ_FACTORS: tl.constexpr,
+def pair_angles(
+    position, ff_ptr, scale, exponent_step, D: tl.constexpr, HAS_FREQ_FACTORS: tl.constexpr
 ):
-    """(partner column, cos, signed sin) of each column d; partner = d past rope_dim."""
-    rotated = d < ROPE_DIM
-    if NEOX:
-        first = d < ROPE_DIM // 2
-        pair = tl.where(first, d, d - ROPE_DIM // 2)
-        partner = tl.where(first, d + ROPE_DIM // 2, d - ROPE_DIM // 2)
-    else:
-        first = d % 2 == 0
-        pair = d // 2
-        partner = d ^ 1
-    pair = tl.where(rotated, pair, 0)
-    cos, sin = _rope_cos_sin(
-        position, ff_ptr, scale, exponent_step, pair, rotated, HAS_FREQ_FACTORS
-    )
-    cos = tl.where(rotated, cos, 1.0)
-    signed_sin = tl.where(rotated, tl.where(first, -sin, sin), 0.0)
-    return tl.where(rotated, partner, d), cos, signed_sin
+    """cos and sin [D / 2] of each rotated pair at `position` (an int64 scalar)."""
+    pairs = tl.arange(0, D // 2)
+    return _rope_cos_sin(position, ff_ptr, scale, exponent_step, pairs, pairs < D // 2,
+                         HAS_FREQ_FACTORS)  # fmt: skip
 
 
 @triton.jit
-def rotate_loaded(x, x_partner, cos, signed_sin):
-    """float32 rotation of loaded columns (x[d], x[partner(d)]) by ``rope_columns``' factors."""
-    return x.to(tl.float32) * cos + x_partner.to(tl.float32) * signed_sin
+def rotate_rows(x, cos, sin, ROWS: tl.constexpr, D: tl.constexpr, NEOX: tl.constexpr):
+    """x [ROWS, D] rotated by the pairs' cos and sin [D / 2], in float32."""
+    x = x.to(tl.float32)
+    if NEOX:
+        x1, x2 = tl.split(tl.permute(tl.reshape(x, (ROWS, 2, D // 2)), (0, 2, 1)))
+    else:
+        x1, x2 = tl.split(tl.reshape(x, (ROWS, D // 2, 2)))
+    c, s = cos[None, :], sin[None, :]
+    o1 = x1 * c - x2 * s
+    o2 = x1 * s + x2 * c
+    if NEOX:
+        return tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (ROWS, D))
+    return tl.reshape(tl.join(o1, o2), (ROWS, D))

@@ -41,7 +41,6 @@ def _state() -> tuple:
         linear._PAIRED,
         rows_batch.BATCH_ROWS,
         rows_batch.BATCH_MAXNREG,
-        os.environ.get("SKIFF_ROPE_IN_ATTENTION"),
     )
 
 
@@ -74,7 +73,6 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "batch-rows-off": {12},
         "batch-rows-8": {12},
         "batch-regs-128": {13},
-        "rope-in-attn": {14},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -24,8 +24,7 @@ def test_packed_kernels_compile_for_sm90() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # paged attention (bf16 / FP8 cache with per-token / FP8 with per-head scales x decode at batch
-    # 16 and 1 / prefill / prefill with the split count read on the device; decode at batch 16
-    # and 1 with RoPE and the KV write folded in, bf16 cache), 10 types x 15 packed
+    # 16 and 1 / prefill / prefill with the split count read on the device), 10 types x 15 packed
     # variants (three over row-interleaved planes; three are the weights-first GEMM's), the int8
     # GEMVs of the 8 types that have them (per-thread rows, the one-tile variant, with the rounding
     # in its prologue, and the GEMV over interleaved planes with and without it, gated with its
@@ -35,4 +34,4 @@ def test_packed_kernels_compile_for_sm90() -> None:
     # its row to int8 for no, one or two layouts (norm.add_rms_norm_int8); RoPE + KV write into a
     # bf16 cache and FP8 caches with per-token and per-head scales; two rows GEMVs of two types in
     # one launch (Q4_K + Q6_K, Q8_0 + Q4_K)
-    assert done.stdout.count("compiled for sm_90") == 12 + 2 + 150 + 13 * 8 + 6 + 4 + 3 + 2
+    assert done.stdout.count("compiled for sm_90") == 12 + 150 + 13 * 8 + 6 + 4 + 3 + 2

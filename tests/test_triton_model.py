@@ -101,27 +101,6 @@ def test_engine_decode_with_triton_ops_matches_torch(path: Path) -> None:
     assert _generate(path, "triton") == _generate(path, "torch")
 
 
-def test_rope_in_attention_matches_its_own_launch(
-    path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SKIFF_ROPE_IN_ATTENTION=1: decode steps rotate q/k and write the cache inside the
-    attention launch; the logits of one-token steps equal those of the separate RoPE launch."""
-    import shared.kernels.paged_attention as pa
-
-    ids = [1] + np.random.default_rng(2).integers(3, 320, 19).tolist()
-    separate = logits(path, "triton", ids, 1, torch.float32)
-    monkeypatch.setenv("SKIFF_ROPE_IN_ATTENTION", "1")
-    calls = []
-    attention = pa.paged_attention
-    monkeypatch.setattr(
-        pa, "paged_attention", lambda *a, **kw: calls.append(kw["rope_kv"]) or attention(*a, **kw)
-    )
-    folded = logits(path, "triton", ids, 1, torch.float32)
-    assert calls and all(r is not None for r in calls)
-    np.testing.assert_allclose(folded, separate, atol=1e-5 * np.abs(separate).max(), rtol=0)
-    assert _generate(path, "triton") == _generate(path, "torch")
-
-
 def test_chunk_split_k_matches_torch_ops(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompt chunks over a cached prefix with attention split-K (thresholds lowered to this
     tiny model: a prefix of 8 keys counts as long, a slice needs 8 keys, 64 SMs to fill)."""

@@ -23,8 +23,7 @@ torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
 ``batch-rows-off`` (decode batches of 2-4 rows by the decode-batch GEMMs instead of the batch
 rows GEMV, as before (ad); with ``--batch``); ``batch-rows-8`` (batches of 5-8 rows by the
 batch rows GEMV too, their rows in two programs); ``batch-regs-128`` (the batch rows GEMV's
-programs of 2 rows given 128 registers, maxnreg); ``rope-in-attn`` (switches one on: decode
-steps rotate q/k and write the cache inside the attention launch, ``SKIFF_ROPE_IN_ATTENTION=1``).
+programs of 2 rows given 128 registers, maxnreg).
 """
 
 from __future__ import annotations
@@ -112,7 +111,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
-    "rope-in-attn": (lambda: _env("SKIFF_ROPE_IN_ATTENTION", "1"),),
     "pair-off": (_off("shared.model.linear", "_PAIRED", False),),
     "batch-rows-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 1),),
     "batch-rows-8": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 8),),

@@ -62,19 +62,12 @@ def _compile_only(arch: int, module: object, **patches: object):
 
 
 def compile_attention(
-    kv: str,
-    query_len: int,
-    arch: int = 90,
-    device_splits: bool = False,
-    b: int = 16,
-    rope: bool = False,
+    kv: str, query_len: int, arch: int = 90, device_splits: bool = False, b: int = 16
 ):
     """The paged-attention kernel as ``paged_attention`` launches it for a Llama-3-8B-like batch
     (b sequences of 32k context, 32 / 8 heads of 128, bf16 queries) with a bf16 or FP8 cache;
-    device_splits: split-K with the count read on the device (mixed-step CUDA graphs); rope:
-    decode with the step's RoPE and KV write folded in (raw q/k/v views of one QKV output)."""
+    device_splits: split-K with the count read on the device (mixed-step CUDA graphs)."""
     import shared.kernels.paged_attention as pa
-    from shared.kernels.rope_rows import RopeKV
 
     fp8, sms = (lambda device: True), (lambda device: 132)
     with _compile_only(arch, pa, _native_fp8=fp8, _num_sms=sms) as compiled:
@@ -82,11 +75,7 @@ def compile_attention(
         blocks = b * ctx // bs
         kv_dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
         k = torch.empty(blocks, bs, n_kv, hd, dtype=kv_dtype)
-        qkv = torch.empty(b * query_len, 6 * n_kv * hd, dtype=torch.bfloat16)
-        q = qkv[:, : 4 * n_kv * hd].view(b * query_len, 4 * n_kv, hd)
-        raw = [qkv[:, i * n_kv * hd : (i + 1) * n_kv * hd].view(-1, n_kv, hd) for i in (4, 5)]
-        pos = torch.arange(b * query_len)
-        rope_kv = RopeKV(*raw, pos, pos, hd, 5e5, False) if rope else None
+        q = torch.empty(b * query_len, 4 * n_kv, hd, dtype=torch.bfloat16)
         table = torch.arange(blocks, dtype=torch.int32).reshape(b, -1)
         starts = torch.arange(b + 1, dtype=torch.int32) * query_len
         lens = torch.full((b,), ctx, dtype=torch.int32)
@@ -98,7 +87,7 @@ def compile_attention(
         splits = {"num_splits": 8, "num_splits_t": lens[:1]} if device_splits else {}
         pa.paged_attention(
             q, k, torch.empty_like(k), table, starts, lens, 0.088, max_query_len=query_len,
-            k_scale=scales, v_scale=scales, max_seq_len=ctx, rope_kv=rope_kv, **splits,
+            k_scale=scales, v_scale=scales, max_seq_len=ctx, **splits,
         )  # fmt: skip
     return compiled["_paged_attention_kernel"]
 

@@ -270,11 +270,6 @@ def main(argv: list[str] | None = None) -> int:
             build = functools.partial(compile_attention, kv, query_len, args.arch, device_splits, b)
             if not _report(what, build, args.check, args.arch, loop_stats):
                 return 1
-    for b in (16, 1):  # decode with the step's RoPE and KV write folded in (rope_kv)
-        build = functools.partial(compile_attention, "bf16", 1, args.arch, False, b, True)
-        what = f"attention bf16 KV, {b} x 1 queries, RoPE + KV write folded in"
-        if not _report(what, build, args.check, args.arch, loop_stats):
-            return 1
     for layouts in ((), ((32, 8),), ((16, 8), (32, 8)), ((32, 4),)):
         build = functools.partial(compile_norm, layouts, args.arch)
         what = f"add + RMSNorm, rounded for {list(layouts)}"

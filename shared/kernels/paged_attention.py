@@ -38,7 +38,6 @@ from shared.kernels.gdc import launch_kw, pdl
 from shared.kernels.paged_attention_combine import _combine_splits_kernel
 from shared.kernels.paged_attention_jit import _fp8_e4m3_from_bytes, _paged_attention_kernel
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for
-from shared.kernels.rope_rows import RopeKV
 from shared.ops.paged_attention_fp8 import fixed_scales
 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8)
@@ -169,7 +168,6 @@ def paged_attention(
     out: torch.Tensor | None = None,  # [T, n_heads, head_dim] in q.dtype
     num_splits_t: torch.Tensor | None = None,  # [1] int32 on q.device, <= num_splits
     int8_layout: tuple[int, int] | None = None,  # (W, G): also return out rounded to int8
-    rope_kv: RopeKV | None = None,  # decode, 16-bit cache: q raw, RoPE and KV write done here
 ) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """Attention of q over the paged cache; returns [T, n_heads, head_dim] in q.dtype.
 
@@ -187,12 +185,6 @@ def paged_attention(
     ``int8_activations.prepare_int8`` makes them of out's row for a weight of that layout, when
     the combine pass rounded it (one token, a split count > 1 not read from the device, heads of
     whole sub-blocks; it then saves the next GEMV its rounding launch), else {}.
-
-    With rope_kv (decode batches, max_query_len <= 1, a 16-bit or float32 cache, RoPE over
-    whole power-of-two heads: ``RopeKV.foldable``): q is the step's raw queries and rope_kv
-    carries its raw keys and values; the programs rotate them as ``rope_and_write_kv`` would
-    and write the keys and values to the cache, which then need no launch of their own. Each
-    sequence's new key is its last (seq_len - 1).
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -210,13 +202,8 @@ def paged_attention(
             f"num_splits_t must be a [1] int32 tensor on {q.device}, got {num_splits_t.dtype} "
             f"{tuple(num_splits_t.shape)} on {num_splits_t.device}",
         )
-    if rope_kv is not None:
-        _check(max_query_len <= 1, f"rope_kv is for decode batches, max_query_len {max_query_len}")
-        _check(k_cache.dtype != FP8, "rope_kv needs a 16-bit or float32 cache, not FP8")
-        problem = rope_kv.check(q, k_cache)
-        _check(problem is None, str(problem))
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty_like(q)
     _check(
         out.shape == q.shape and out.dtype == q.dtype and out.device == q.device,
         f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got {tuple(out.shape)} {out.dtype}",
@@ -292,7 +279,6 @@ def paged_attention(
         INTERPRETED=_interpreted(),
         PDL=early,
         PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
-        **_rope_args(rope_kv, q),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),
@@ -318,20 +304,6 @@ def paged_attention(
             **launch_kw(early),
         )  # fmt: skip
     return out if int8_layout is None else (out, rounded)
-
-
-def _rope_args(r: RopeKV | None, q: torch.Tensor) -> dict:
-    if r is None:
-        return {"ROPE_KV": False}  # the other rope arguments keep their defaults
-    ff = r.freq_factors
-    return dict(
-        ROPE_KV=True, new_k_ptr=r.k, new_v_ptr=r.v, positions_ptr=r.positions,
-        slot_mapping_ptr=r.slot_mapping, ff_ptr=ff if ff is not None else r.positions,
-        stride_nk_t=r.k.stride(0), stride_nk_h=r.k.stride(1),
-        stride_nv_t=r.v.stride(0), stride_nv_h=r.v.stride(1),
-        rope_scale=float(r.scale), exponent_step=r.exponent_step(), NEOX=bool(r.neox),
-        HAS_FREQ_FACTORS=ff is not None,
-    )  # fmt: skip
 
 
 def _rounds_heads(head_dim: int, w: int) -> bool:

@@ -8,7 +8,6 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_next, wait_prev
-from shared.kernels.rope_rows import pair_angles, rotate_rows
 from shared.kernels.rounding import FP16_MAX, fp16_range, to_dtype
 
 # per-token FP8 scales: the probabilities are multiplied by V's scale times this (see _attend_tile)
@@ -157,45 +156,6 @@ def _attend_tile(
 
 
 @triton.jit
-def _write_new_kv(
-    k_ptr,
-    v_ptr,
-    token,
-    kv_head,
-    stride_k_t,
-    stride_k_h,
-    stride_v_t,
-    stride_v_h,
-    cos,
-    sin,
-    k_cache,
-    v_cache,
-    slot,
-    stride_kc_b,
-    stride_kc_t,
-    stride_vc_b,
-    stride_vc_t,
-    D: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    NEOX: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):
-    """Rotates one token's key of one KV head (rounded to k's dtype first, as rope_and_write_kv
-    does) and writes it and its value to the caches (at this KV head) at `slot`."""
-    d = tl.arange(0, D)
-    k_row = k_ptr + token.to(tl.int64) * stride_k_t + kv_head * stride_k_h
-    k = tl.reshape(rotate_rows(tl.load(k_row + d)[None, :], cos, sin, 1, D, NEOX), (D,))
-    k = to_dtype(k, k_ptr.dtype.element_ty, INTERPRETED).to(tl.float32)
-    v = tl.load(v_ptr + token.to(tl.int64) * stride_v_t + kv_head * stride_v_h + d)
-    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    cache_dtype = k_cache.dtype.element_ty
-    k_row = k_cache + block * stride_kc_b + offset * stride_kc_t
-    tl.store(k_row + d, to_dtype(k, cache_dtype, INTERPRETED))
-    v_row = v_cache + block * stride_vc_b + offset * stride_vc_t
-    tl.store(v_row + d, to_dtype(v.to(tl.float32), cache_dtype, INTERPRETED))
-
-
-@triton.jit
 def _paged_attention_kernel(
     out_ptr,  # [T, n_heads, head_dim] (not written with split-K)
     part_acc_ptr,  # [num_splits, T, n_heads, head_dim] float32 (split-K only)
@@ -254,24 +214,6 @@ def _paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
-    # decode, 16-bit cache, whole-head RoPE: q, k and v are the step's raw rows. Programs rotate
-    # their q rows (shared.kernels.rope_rows); the one whose keys hold a sequence's new key
-    # rotates it and writes it and its value to the cache, then reads them back as the fresh
-    # key like the others (no rope_and_write_kv launch before this one)
-    ROPE_KV: tl.constexpr = False,
-    new_k_ptr=0,  # [T, n_kv_heads, head_dim], last dim contiguous
-    new_v_ptr=0,  # [T, n_kv_heads, head_dim], last dim contiguous
-    positions_ptr=0,  # [T] int64
-    slot_mapping_ptr=0,  # [T] int64, < 0: not written
-    ff_ptr=0,  # [head_dim // 2] (HAS_FREQ_FACTORS only)
-    stride_nk_t=0,
-    stride_nk_h=0,
-    stride_nv_t=0,
-    stride_nv_h=0,
-    rope_scale=1.0,
-    exponent_step=0.0,
-    NEOX: tl.constexpr = False,
-    HAS_FREQ_FACTORS: tl.constexpr = False,
 ):
     launch_next(PDL)
     n_splits = num_splits
@@ -306,14 +248,6 @@ def _paged_attention_kernel(
     k_ptr = k_cache_ptr + kv_head * stride_k_h
     v_ptr = v_cache_ptr + kv_head * stride_v_h
     d = tl.arange(0, BLOCK_D)
-    if ROPE_KV:  # the angles and the slot while the previous kernel ends (step inputs)
-        has_token = n_query > 0
-        position = tl.load(positions_ptr + q_begin, mask=has_token, other=0)
-        new_slot = tl.load(slot_mapping_ptr + q_begin, mask=has_token, other=-1)
-        cos, sin = pair_angles(position, ff_ptr, rope_scale, exponent_step, BLOCK_D,
-                               HAS_FREQ_FACTORS)  # fmt: skip
-        # decode: the new key is the last, at `context`; one split of each KV head holds it
-        owns_new = (context >= tile_lo * TILE_N) & (context < tile_hi * TILE_N)
     pre_block, pre_k, pre_v = 0, 0, 0
     if PREFETCH:  # keys before `context` were written by earlier steps: stable while we wait
         pkey = tile_lo * TILE_N + tl.arange(0, TILE_N)
@@ -342,16 +276,6 @@ def _paged_attention_kernel(
     io_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
     q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
-    if ROPE_KV:
-        q = rotate_rows(q, cos, sin, BLOCK_M, BLOCK_D, NEOX)
-        q = to_dtype(q, q_ptr.dtype.element_ty, INTERPRETED)  # as rope_and_write_kv's q_out
-        if owns_new & (new_slot >= 0):
-            _write_new_kv(
-                new_k_ptr, new_v_ptr, q_begin, kv_head, stride_nk_t, stride_nk_h, stride_nv_t,
-                stride_nv_h, cos, sin, k_ptr, v_ptr, new_slot, stride_k_b, stride_k_t,
-                stride_v_b, stride_v_t, BLOCK_D, BLOCK_SIZE, NEOX, INTERPRETED,
-            )  # fmt: skip
-        tl.debug_barrier()  # its threads load the new key as a fresh one after its stores
     # operands in the cache dtype, like the reference. An FP8 cache's values are exact in fp16,
     # which one instruction forms from a pair of them (bf16 takes a float32 detour, twice the
     # loop's conversions): 16-bit queries compute in fp16, clamped to its range, which keeps

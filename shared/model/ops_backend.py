@@ -113,19 +113,11 @@ class TritonOps(TorchOps):
         from shared.kernels import paged_attention as attn_k
         from shared.kernels.device import num_sms
         from shared.kernels.rope_kv import rope_and_write_kv
-        from shared.kernels.rope_rows import RopeKV
 
         self._norm, self._act, self._attn_k = norm_k, act_k, attn_k
-        self._attn, self._rope_kv, self._rope_kv_args = (
-            attn_k.paged_attention,
-            rope_and_write_kv,
-            RopeKV,
-        )
+        self._attn, self._rope_kv = attn_k.paged_attention, rope_and_write_kv
         self._num_sms = num_sms
         self._round_in_norm = os.environ.get("SKIFF_NORM_ROUNDING", "1") != "0"
-        # decode steps with a 16-bit cache: RoPE and the KV write inside the attention launch
-        # (paged_attention's rope_kv). Off until a device A/B shows it pays (BENCHMARKS.md).
-        self._rope_in_attention = os.environ.get("SKIFF_ROPE_IN_ATTENTION", "0") == "1"
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return self._norm.rms_norm(x, w, eps)
@@ -152,29 +144,22 @@ class TritonOps(TorchOps):
         kc, vc = kv.k[layer], kv.v[layer]
         ks = kv.k_scale[layer] if kv.fp8 else None
         vs = kv.v_scale[layer] if kv.fp8 else None
-        folded = None
-        fold = self._rope_in_attention and batch.max_query_len <= 1 and not kv.fp8
-        if fold and self._rope_kv_args.foldable(dim, q.shape[-1]):
-            folded = self._rope_kv_args(
-                k, v, batch.positions, batch.slot_mapping, dim, base, neox, rope_scale, factors
-            )
-        else:
-            q = self._rope_kv(
-                q,
-                k,
-                v,
-                batch.positions,
-                kc,
-                vc,
-                batch.slot_mapping,
-                dim,
-                base,
-                neox,
-                rope_scale,
-                factors,
-                ks,
-                vs,
-            )
+        q = self._rope_kv(
+            q,
+            k,
+            v,
+            batch.positions,
+            kc,
+            vc,
+            batch.slot_mapping,
+            dim,
+            base,
+            neox,
+            rope_scale,
+            factors,
+            ks,
+            vs,
+        )
         out = self._attn(
             q,
             kc,
@@ -189,7 +174,6 @@ class TritonOps(TorchOps):
             v_scale=vs,
             max_seq_len=batch.max_seq_len,
             int8_layout=int8_layout,
-            rope_kv=folded,
             **self._splits(q, kc.shape[2], batch, sliding_window),
         )
         return out if int8_layout is not None else (out, {})  # (out, rounded) with a layout

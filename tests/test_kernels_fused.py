@@ -205,6 +205,25 @@ def test_rope_and_write_kv_casts_to_cache_dtype() -> None:
     _check_cache(caches[1], wants[1], before[1], slots, v, theta * 0, torch.bfloat16, "v_cache")
 
 
+def test_rope_rounds_16_bit_results_to_nearest() -> None:
+    """bf16 / fp16 q and cache rows are the float32 rotation rounded to nearest even, as the GPU
+    converts (the interpreter's own float32 -> bf16 cast truncates: the kernel rounds by hand)."""
+    n_tok, n_heads, n_kv, d = 7, 4, 2, 64
+    pos = torch.arange(n_tok, device=DEVICE) * 37 + 5
+    slots = _slots(n_tok, 4, 4, start=0, seed=12)
+    for dtype in (torch.bfloat16, torch.float16):
+        q, k, v = _split_qkv(n_tok, n_heads, n_kv, d, dtype, seed=11)
+        narrow = [torch.zeros(4, 4, n_kv, d, dtype=dtype, device=DEVICE) for _ in range(2)]
+        wide = [torch.zeros(4, 4, n_kv, d, device=DEVICE) for _ in range(2)]
+        q_narrow = rope_and_write_kv(q, k, v, pos, *narrow, slots, d, 1e4, False)
+        q_wide = rope_and_write_kv(
+            q.float(), k.float(), v.float(), pos, *wide, slots, d, 1e4, False
+        )
+        assert torch.equal(q_narrow, q_wide.to(dtype))
+        for got, want in zip(narrow, wide, strict=True):
+            assert torch.equal(got, want.to(dtype))
+
+
 def test_rope_rejects_bad_inputs() -> None:
     q, k, v = _split_qkv(3, 2, 1, 64, torch.float32, seed=1)
     pos = torch.arange(3, device=DEVICE)

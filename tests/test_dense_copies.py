@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import unpack
-from shared.kernels.qmatmul.packed_int8_rows_batch import takes
-from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from shared.kernels.qmatmul.packed_matmul import int8_rows, packed_matmul
 from shared.model.dense_copies import add_dense_copies
 from shared.model.linear import GatedLinear, QuantLinear
 from tests.oracle import compare, skiff_logits
@@ -61,7 +60,7 @@ def test_big_batches_use_the_copy_small_ones_the_planes(qtype: T, monkeypatch) -
         got = layer(x).double()
         # CUDA: 1 .. BATCH_ROWS rows of interleaved planes run the int8 rows GEMVs, within
         # their rounding of the activations
-        if m == 1 and layer.packed.rows32 or takes(layer.packed, m):
+        if int8_rows(layer.packed, m):
             assert float((got - want).norm() / want.norm()) < 2e-2
         else:
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul import PACKED_TYPES
-from shared.kernels.qmatmul.packed_int8_rows_batch import takes
+from shared.kernels.qmatmul.packed_matmul import int8_rows
 from shared.model.linear import GatedLinear, QuantLinear, SplitLinear
 from shared.quant import dequantize
 from tests.test_kernel_packed_matmul import random_raw
@@ -27,8 +27,7 @@ N, K = 48, 512
 def tolerance(layer: QuantLinear, rows: int) -> float:
     """1e-5 of the product, or 2e-2 where CUDA runs the int8 rows GEMVs (1 .. BATCH_ROWS rows
     of interleaved planes), which round the activations to int8 first."""
-    pw = layer.packed
-    return 2e-2 if pw is not None and (rows == 1 and pw.rows32 or takes(pw, rows)) else 1e-5
+    return 2e-2 if layer.packed is not None and int8_rows(layer.packed, rows) else 1e-5
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_1, T.Q5_K, T.Q3_K])

@@ -54,7 +54,7 @@ from shared.kernels.qmatmul.packed_int8_tile import launch_int8_tile
 from shared.kernels.qmatmul.packed_rows import ROWS
 from shared.ops.activation import gelu_mul, silu_mul
 
-__all__ = ["config_for", "packed_matmul", "rounds_gated"]
+__all__ = ["config_for", "int8_rows", "packed_matmul", "rounds_gated"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -190,6 +190,13 @@ def config_for(pw: PackedWeight, m: int, dtype: torch.dtype) -> dict[str, int]:
     if takes(pw, m):
         return batch_config(pw, m)
     return default_config(m, pw.shape[0], pw.shape[1], pw.q.device, pw.qtype, dtype=dtype)
+
+
+def int8_rows(pw: PackedWeight, m: int) -> bool:
+    """Whether m rows of pw run an int8 rows GEMV by default, their activations rounded to int8
+    first: one row of interleaved planes (``packed_int8_rows``) or the 2-4 that the batch rows
+    GEMV ``takes``."""
+    return pw.rows32 and m == 1 or takes(pw, m)
 
 
 def rounds_gated(n_out: int, w: int, g: int) -> bool:

@@ -16,7 +16,6 @@ import shared.kernels.qmatmul.packed_int8_rows as rows
 import shared.kernels.qmatmul.packed_int8_rows_batch as rows_batch
 import shared.kernels.rope_kv as rope_kv
 import shared.model.batch as batch
-import shared.model.l2_plan as l2_plan
 import shared.model.linear as linear
 import shared.sampling.sampler as sampler
 import tools.ab_w1 as ab
@@ -42,7 +41,6 @@ def _state() -> tuple:
         linear._PAIRED,
         rows_batch.BATCH_ROWS,
         rows_batch.BATCH_MAXNREG,
-        l2_plan.budget_bytes(),
     )
 
 
@@ -75,8 +73,6 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "batch-rows-off": {12},
         "batch-rows-8": {12},
         "batch-regs-128": {13},
-    } | {  # the default budget's own variant changes nothing
-        f"l2-{mb}": {14} if mb << 20 != before[14] else set() for mb in (0, 16, 24, 32, 48)
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

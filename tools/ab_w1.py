@@ -23,8 +23,7 @@ torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
 ``batch-rows-off`` (decode batches of 2-4 rows by the decode-batch GEMMs instead of the batch
 rows GEMV, as before (ad); with ``--batch``); ``batch-rows-8`` (batches of 5-8 rows by the
 batch rows GEMV too, their rows in two programs); ``batch-regs-128`` (the batch rows GEMV's
-programs of 2 rows given 128 registers, maxnreg); ``l2-N`` (the RoPE launch requests N MB of
-the output projection and gate/up weights into L2, ``SKIFF_L2_PREFETCH_MB``; ``l2-0``: none).
+programs of 2 rows given 128 registers, maxnreg).
 """
 
 from __future__ import annotations
@@ -118,10 +117,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "batch-regs-128": (
         _off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_MAXNREG", 128),
     ),
-    **{
-        f"l2-{mb}": (lambda mb=mb: _env("SKIFF_L2_PREFETCH_MB", str(mb)),)
-        for mb in (0, 16, 24, 32, 48)
-    },
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

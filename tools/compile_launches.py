@@ -103,15 +103,13 @@ def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90):
     return compiled["_rms_norm_kernel"]
 
 
-def compile_rope_kv(kv: str, arch: int = 90, prefetch: bool = False):
+def compile_rope_kv(kv: str, arch: int = 90):
     """RoPE + KV write as ``rope_and_write_kv`` launches it for 64 Llama-3-8B tokens (32 / 8
     heads of 128, bf16) into a bf16 cache, an FP8 cache with per-token scales ("fp8") or one
-    with per-head scales ("fp8-head": zero block and slot strides); prefetch: with a table of
-    weights to request into L2 (shared.kernels.l2_prefetch)."""
+    with per-head scales ("fp8-head": zero block and slot strides)."""
     import shared.kernels.rope_kv as rope_kv
 
-    on = {"enabled": lambda device, kernel: True} if prefetch else {}
-    with _compile_only(arch, rope_kv, **on) as compiled:
+    with _compile_only(arch, rope_kv) as compiled:
         t, n_kv, hd = 64, 8, 128
         qkv = torch.empty(t, 48 * hd, dtype=torch.bfloat16)
         q, k, v = qkv[:, : 32 * hd], qkv[:, 32 * hd : 40 * hd], qkv[:, 40 * hd :]
@@ -124,10 +122,9 @@ def compile_rope_kv(kv: str, arch: int = 90, prefetch: bool = False):
             "fp8-head": torch.empty(n_kv).expand(128, 16, n_kv),
         }[kv]
         pos = torch.arange(t)
-        pf = torch.zeros(2, 300, dtype=torch.int64) if prefetch else None
         rope_kv.rope_and_write_kv(
             q, k, v, pos, cache, torch.empty_like(cache), pos, hd, 5e5, True,
-            k_scale_cache=scales, v_scale_cache=scales, l2_prefetch=pf,
+            k_scale_cache=scales, v_scale_cache=scales,
         )  # fmt: skip
     return compiled["_rope_write_kv_kernel"]
 

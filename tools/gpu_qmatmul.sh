@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, l2, batch, first, tune (TUNE_ARGS), ab, w6
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, batch, first, tune (TUNE_ARGS), ab, w6
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile (niced: in (ab) it starved the tests stage)
   [ -x $BUILD/bin/llama-bench ] || setsid nice -n 19 bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -102,9 +102,6 @@ esac
 case " $STAGES " in *" first "*)  # decode-batch GEMMs (16/64 rows): weights-first bf16 and int8
   timeout ${FIRST_S:-240} python3 -m tools.bench_first ${FIRST_ARGS:---i8 2 3} 2>&1 \
     | tee "$OUT/first.txt" ;;
-esac
-case " $STAGES " in *" l2 "*)  # a GEMV with its weight prefetched into L2 beforehand, by share
-  timeout ${L2_S:-150} python3 -m tools.bench_l2_prefetch ${L2_ARGS:-} 2>&1 | tee "$OUT/l2.txt" ;;
 esac
 case " $STAGES " in *" rows "*)  # the int8 GEMV over row-interleaved planes vs the shipped config
   timeout ${ROWS_S:-240} python3 -m tools.bench_rows ${ROWS_ARGS:-} --json "$OUT/rows-best.json" \

@@ -19,7 +19,6 @@ import triton.language as tl
 
 from shared.kernels.device import interpreted
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
-from shared.kernels.l2_prefetch import enabled, prefetch_l2
 from shared.kernels.rounding import to_dtype
 from shared.ops.paged_attention_fp8 import fixed_scales
 
@@ -129,14 +128,10 @@ def _rope_write_kv_kernel(
     BLOCK_D: tl.constexpr,  # >= HEAD_DIM
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     INTERPRETED: tl.constexpr,  # bf16 rounded to nearest by hand (shared.kernels.rounding)
-    pf_ptr=None,  # the next GEMVs' weights to request into L2 (shared.kernels.l2_prefetch)
-    n_pf=0,
-    PF: tl.constexpr = False,
 ):
     # grid: (T, q head groups + kv head groups); a program rotates BH q heads, or rotates BH
     # k heads and stores them with their v heads.
     launch_next(PDL)
-    prefetch_l2(pf_ptr, n_pf, PF, 128)  # num_warps=4
     t = tl.program_id(0).to(tl.int64)
     group = tl.program_id(1)
     n_q_groups = tl.cdiv(n_heads, BH)
@@ -312,7 +307,6 @@ def rope_and_write_kv(
     freq_factors: torch.Tensor | None = None,  # [rope_dim // 2]
     k_scale_cache: torch.Tensor | None = None,  # [num_blocks, block_size, n_kv_heads] float32
     v_scale_cache: torch.Tensor | None = None,  # [num_blocks, block_size, n_kv_heads] float32
-    l2_prefetch: torch.Tensor | None = None,  # shared.kernels.l2_prefetch.table
 ) -> torch.Tensor:
     """Rotates q and k, writes rotated k and v into the caches at slot_mapping (in the caches'
     dtype), and returns rotated q as a new contiguous tensor; q, k and v are not modified.
@@ -322,8 +316,6 @@ def rope_and_write_kv(
     skipped. For a float8_e4m3fn cache, k_scale_cache/v_scale_cache receive amax / 448 per
     (token, kv head) and the cache x / scale; scale caches with block and slot strides 0 hold one
     fixed scale per KV head (shared/ops/paged_attention_fp8.py), which the write only reads.
-    l2_prefetch: weights the launch requests into L2 for the GEMVs after it (no effect on the
-    results; ignored where the device cannot, l2_prefetch.enabled).
     """
     _check_inputs(
         q, k, v, positions, k_cache, v_cache, slot_mapping, rope_dim, base, scale,
@@ -343,7 +335,6 @@ def rope_and_write_kv(
         n_groups = triton.cdiv(n_heads, bh) + triton.cdiv(n_kv_heads, bh)
     scale_strides = k_scale_cache.stride() if fp8 else (0, 0, 0)
     early = pdl(q.device, _rope_write_kv_kernel)
-    pf = l2_prefetch is not None and enabled(q.device, _rope_write_kv_kernel)
     _rope_write_kv_kernel[(n_tokens, n_groups)](
         q, k, v, q_out, positions, slot_mapping, k_cache, v_cache,
         k_scale_cache if fp8 else k_cache, v_scale_cache if fp8 else v_cache,
@@ -356,8 +347,7 @@ def rope_and_write_kv(
         FIXED_SCALES=fp8 and fixed_scales(k_scale_cache),
         BH=bh, BLOCK_PAIRS=triton.next_power_of_2(rope_dim // 2),
         BLOCK_PASS=triton.next_power_of_2(max(head_dim - rope_dim, 1)), BLOCK_D=block_d,
-        PDL=early, INTERPRETED=interpreted(_rope_write_kv_kernel),
-        pf_ptr=l2_prefetch if pf else positions, n_pf=l2_prefetch.shape[1] if pf else 0, PF=pf,
-        num_warps=4, **launch_kw(early),
+        PDL=early, INTERPRETED=interpreted(_rope_write_kv_kernel), num_warps=4,
+        **launch_kw(early),
     )  # fmt: skip
     return q_out

@@ -14,7 +14,6 @@ from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
-from shared.model.l2_plan import attach
 from shared.model.transformer import Attention, GatedMLP
 from shared.model.weights import WeightLoader
 
@@ -31,7 +30,6 @@ class Gemma3Layer(nn.Module):
         self.ffn_norm = w.vector(f"{p}.ffn_norm.weight", cfg.d_model)
         self.mlp = GatedMLP(cfg, w, layer, gelu=True)
         self.post_ffn_norm = w.vector(f"{p}.post_ffw_norm.weight", cfg.d_model)
-        attach(self.attn, self.mlp)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
         norm, eps = self.norm, self.eps

@@ -12,7 +12,6 @@ from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
-from shared.model.l2_plan import attach
 from shared.model.transformer import Attention, GatedMLP
 from shared.model.weights import WeightLoader
 
@@ -28,7 +27,6 @@ class LlamaLayer(nn.Module):
         self.attn = Attention(cfg, w, layer, rope_factors)
         self.ffn_norm = w.vector(f"blk.{layer}.ffn_norm.weight", cfg.d_model)
         self.mlp = GatedMLP(cfg, w, layer, gelu=False)
-        attach(self.attn, self.mlp)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool

@@ -16,10 +16,6 @@ from shared.ops.paged_attention import paged_attention_ref, write_kv
 from shared.ops.paged_attention_fp8 import paged_attention_fp8_ref, write_kv_fp8
 from shared.ops.rope import apply_rope, rope_angles
 
-# steps of more tokens request no weights into L2 (shared.model.l2_plan): their layers multiply
-# by dense copies (past dense_rows) or are bound by compute
-_PREFETCH_MAX_TOKENS = 64
-
 
 class TorchOps:
     name = "torch"
@@ -66,12 +62,10 @@ class TorchOps:
         scale: float,
         sliding_window: int,
         int8_layout: tuple[int, int] | None = None,
-        l2_prefetch: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict]:
         """(the attention output, its int8 rounding in int8_layout for the output projection's
         GEMV when made in the same launches: {(W, G): (xq, xd, xs)}, else {}). The references
-        round nothing ahead. l2_prefetch: weights to request into L2 for the GEMVs after the
-        attention (shared.model.l2_plan), a hint the references ignore."""
+        round nothing ahead."""
         return self._attention_ref(q, k, v, batch, kv, layer, rope, neox, scale, sliding_window), {}
 
     def _attention_ref(self, q, k, v, batch, kv, layer, rope, neox, scale, sliding_window):
@@ -144,12 +138,9 @@ class TritonOps(TorchOps):
         return self._act.gelu_mul_separate(gate, up)
 
     def attention(
-        self, q, k, v, batch, kv, layer, rope, neox, scale, sliding_window, int8_layout=None,
-        l2_prefetch=None,
-    ):  # fmt: skip
+        self, q, k, v, batch, kv, layer, rope, neox, scale, sliding_window, int8_layout=None
+    ):
         dim, base, rope_scale, factors = rope
-        if q.shape[0] > _PREFETCH_MAX_TOKENS:  # dense copies or compute bound: no gain
-            l2_prefetch = None
         kc, vc = kv.k[layer], kv.v[layer]
         ks = kv.k_scale[layer] if kv.fp8 else None
         vs = kv.v_scale[layer] if kv.fp8 else None
@@ -168,7 +159,6 @@ class TritonOps(TorchOps):
             factors,
             ks,
             vs,
-            l2_prefetch,
         )
         out = self._attn(
             q,

@@ -40,8 +40,6 @@ class Attention(nn.Module):
             if sliding
             else (cfg.rope_dim, cfg.rope_base, cfg.rope_scale, rope_factors)
         )
-        # weights the RoPE launch requests into L2 for the GEMVs after it (shared.model.l2_plan)
-        self.l2_prefetch: torch.Tensor | None = None
 
     def int8_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
         """The int8 layouts a call of m rows rounds x to for the Q/K/V GEMVs (SplitLinear)."""
@@ -72,7 +70,6 @@ class Attention(nn.Module):
             cfg.attn_scale,
             self.sliding_window,
             self.wo.int8_layout(n),
-            l2_prefetch=self.l2_prefetch,
         )
         return self.wo(o.reshape(n, cfg.q_dim), o_rounded)
 

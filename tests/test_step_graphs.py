@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from shared.engine.cuda_graphs import (
+    BUCKETS,
     DecodeGraph,
     StepGraphs,
+    decode_buckets,
     decode_graphs,
     mixed_buckets,
     pick_decode_graph,
@@ -93,6 +95,18 @@ def test_without_mixed_buckets_only_decodes_fit() -> None:
     assert g.fits(_batch([1, 1]))
     assert not g.fits(_batch([1, 5]))
     assert g._key(_batch([1] * 8)) == ("decode", 8)
+
+
+def test_decode_buckets_end_at_max_seqs() -> None:
+    assert decode_buckets(8) == [1, 2, 4, 8]
+    assert decode_buckets(3) == [1, 2, 3]
+    assert decode_buckets(10) == [1, 2, 4, 8, 10]
+    assert decode_buckets(1) == decode_buckets(0) == [1]
+    assert decode_buckets(1000) == list(BUCKETS)  # none above the largest bucket
+    kv = KVPool(1, 64, 16, 2, 8, torch.float32, "cpu")
+    g = StepGraphs(None, kv, max_seqs=3, max_model_len=256)
+    assert g._key(_batch([1, 1, 1])) == ("decode", 3)  # was no graph: bucket 2 was the last
+    assert g._key(_batch([1, 1])) == ("decode", 2)
 
 
 def test_more_sequences_than_captured_run_eagerly() -> None:

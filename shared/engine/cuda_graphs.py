@@ -102,6 +102,15 @@ def pick_decode_graph(graphs: list[DecodeGraph], want: int, tile_keys: int) -> D
     return min((g for g in same if g.splits >= want), default=same[-1])
 
 
+def decode_buckets(max_seqs: int) -> list[int]:
+    """Batch sizes decode steps are captured at: BUCKETS below max_seqs, and max_seqs itself
+    (at most the largest of BUCKETS), so that every batch up to it replays a graph. Without
+    it, a batch above the last bucket under max_seqs ran eagerly (max_seqs 3: W1 Q4_K_M on the
+    H200 gave 516.9 tok/s at batch 3 against 680.8 at batch 2, BENCHMARKS.md (ah))."""
+    top = min(max(max_seqs, 1), BUCKETS[-1])
+    return sorted({b for b in BUCKETS if b < top} | {top})
+
+
 def mixed_buckets(max_batch_tokens: int) -> list[int]:
     """Token counts mixed steps are captured at: MIXED_BUCKETS up to max_batch_tokens, and
     max_batch_tokens itself (rounded up to 64) when it lies between them or above."""
@@ -124,7 +133,7 @@ class StepGraphs:
         self.model = model
         self.kv = kv
         self.device = kv.k[0].device
-        self.buckets = [b for b in BUCKETS if b <= max_seqs] or [1]
+        self.buckets = decode_buckets(max_seqs)
         self.max_bs = self.buckets[-1]
         self.mixed = mixed_buckets(max_batch_tokens)
         self.max_seqs = max(max_seqs, 1)

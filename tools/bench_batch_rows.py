@@ -2,14 +2,16 @@
 decode batches of 2-8 rows run without it and against cuBLAS on a bf16 copy, per Llama-3-8B shape.
 
     python -m tools.bench_batch_rows [--types Q4_K Q6_K Q8_0] [--m 2 4 8] [--mr 2 4] [--regs 128]
+        [--splits 1 2 3 4]
 
 Per type, shape and M: µs per call (CUDA graph, weight cold in L2, ``timing``) of the batch-1 rows
 GEMV (one row: the floor), the decode-batch GEMM the engine took for M rows before
 (``default_config``), cuBLAS on a bf16 copy, and the batch rows GEMV as shipped (``batch_config``:
 marked *), with ``--mr`` rows a program (more programs sharing the weight through L2), and with
-``--regs`` register caps. GB/s counts the packed bytes, against the copy bandwidth measured in the
-same run. Every batch result is checked against ``x @ unpack(pw).T`` within the int8 rounding's
-bound.
+``--regs`` register caps, and at ``--splits`` K splits (``SPLIT_K``; shipped: ``batch_split``,
+about 31 warps an SM whatever the registers let an SM hold). GB/s counts the packed bytes,
+against the copy bandwidth measured in the same run. Every batch result is checked against
+``x @ unpack(pw).T`` within the int8 rounding's bound.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mr", nargs="*", type=int, default=[2, 4])
     p.add_argument("--shapes", nargs="*", default=None, help="NxK, default the 8B shapes")
     p.add_argument("--regs", nargs="*", type=int, default=[], help="MAXNREG caps to try")
+    p.add_argument("--splits", nargs="*", type=int, default=[], help="SPLIT_K counts to try")
     a = p.parse_args(argv)
     device = torch.device("cuda")
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes] if a.shapes else SHAPES
@@ -71,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             for regs in a.regs:
                 cfg = {**shipped, "MAXNREG": regs}
                 cells.append(f"MR={shipped['MR']} r{regs} {_us(x, pw, copies, cfg, want)}")
+            for splits in a.splits:
+                cfg = {**shipped, "SPLIT_K": splits}
+                cells.append(f"MR={shipped['MR']} s{splits} {_us(x, pw, copies, cfg, want)}")
             print(f"  m={m}: " + "  ".join(cells), flush=True)
         del dense, copies
         torch.cuda.empty_cache()

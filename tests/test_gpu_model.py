@@ -68,7 +68,13 @@ def test_gpu_real_model_matches_cpu(cuda: str, which: str, request: pytest.Fixtu
     assert got.top1 >= 0.99 and got.mean_abs_diff < 0.003 * cpu.std()
 
 
-def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:
+@pytest.mark.parametrize("round_ahead", [1, 4], ids=["default", "round-ahead-4"])
+def test_gpu_engine_greedy_matches_cpu(
+    cuda: str, synthetic_dir: Path, round_ahead: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four sequences decoded together (the batch rows GEMV's rows), greedy, as on the CPU;
+    round-ahead-4: their rows rounded to int8 by the RMSNorm (linear.ROUND_AHEAD_ROWS)."""
+    import shared.model.linear as linear
     from shared.engine import Sequence
     from shared.engine.engine import LLMEngine
     from shared.engine.model_runner import ModelRunner
@@ -78,6 +84,7 @@ def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:
     from shared.sampling import SamplingParams
 
     path = next(p for p in gpu_models(synthetic_dir) if "Q4_K_M" in p.name or "gemma3" in p.name)
+    monkeypatch.setattr(linear, "ROUND_AHEAD_ROWS", round_ahead)
 
     def generate(device: str) -> list[list[int]]:
         model = load_model(GGUFFile(path), device)

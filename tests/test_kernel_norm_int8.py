@@ -47,8 +47,30 @@ def test_rounding_in_the_norm_is_the_separate_rounding(residual, types, n) -> No
         torch.testing.assert_close(xs, ws, rtol=1e-6, atol=1e-6)  # summation order
 
 
-def test_rounding_only_for_one_row_and_whole_chunks() -> None:
-    x = torch.randn(2, 512, device=DEVICE)
+@pytest.mark.parametrize("rows", [2, 3, 4])
+@pytest.mark.parametrize("residual", [True, False], ids=["add", "first"])
+def test_a_few_rows_are_each_rounded_as_alone(rows: int, residual: bool) -> None:
+    """2-4 rows (the batch rows GEMV's): [rows, ...] buffers, each row's codes, steps and sums
+    those prepare_int8 makes of the batch (its rows one by one), for two layouts at once."""
+    g = torch.Generator().manual_seed(rows)
+    x, r = (torch.randn(rows, 1536, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
+    w = torch.randn(1536, generator=g).to(DEVICE, torch.bfloat16)
+    pws = [pack(random_raw(t, 32, 1536, seed=i).to(DEVICE), t, (32, 1536))
+           for i, t in enumerate((T.Q4_K, T.Q6_K))]  # fmt: skip
+    layouts = tuple(int8_layout(pw) for pw in pws)
+    normed, _, rounded = add_rms_norm_int8(x, r if residual else None, w, EPS, layouts)
+    want = add_rms_norm(x, r, w, EPS)[0] if residual else rms_norm(x, w, EPS)
+    assert torch.equal(normed, want) and set(rounded) == set(layouts)
+    for pw, layout in zip(pws, layouts, strict=True):
+        xq, xd, xs = rounded[layout]
+        wq, wd, ws = prepare_int8(normed, pw)  # [rows, ...]: one launch over the rows
+        assert xq.shape == wq.shape == (rows, 1536 // 4) and xd.shape == wd.shape
+        assert torch.equal(xq, wq) and torch.equal(xd, wd)
+        torch.testing.assert_close(xs, ws, rtol=1e-6, atol=1e-6)  # summation order
+
+
+def test_rounding_only_for_a_few_rows_and_whole_chunks() -> None:
+    x = torch.randn(norm.ROUND_ROWS + 1, 512, device=DEVICE)
     w = torch.ones(512, device=DEVICE)
     normed, _, rounded = add_rms_norm_int8(x, x, w, EPS, ((32, 8),))
     assert rounded == {} and torch.equal(normed, add_rms_norm(x, x, w, EPS)[0])

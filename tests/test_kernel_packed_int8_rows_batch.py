@@ -86,9 +86,9 @@ def test_the_default_path_takes_it_up_to_batch_rows(monkeypatch: pytest.MonkeyPa
     seen: list[int] = []
     real = pm.launch_int8_rows_batch
 
-    def spy(x, pw, out, cfg, act, interp):
+    def spy(x, pw, out, cfg, act, interp, int8=None):
         seen.append(x.shape[0])
-        real(x, pw, out, cfg, act, interp)
+        real(x, pw, out, cfg, act, interp, int8)
 
     monkeypatch.setattr(pm, "launch_int8_rows_batch", spy)
     pw = interleave(_weight(T.Q4_K, 64, 512, seed=5))

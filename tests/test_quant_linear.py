@@ -148,6 +148,40 @@ def test_rows_gemv_takes_activations_rounded_by_the_norm(qtype: T, monkeypatch) 
     assert ((got.double() - want.double()).norm() / want.double().norm()).item() < 1e-5
 
 
+@pytest.mark.parametrize("m", [2, 3, 4])
+def test_batch_rows_gemv_takes_rows_rounded_by_the_norm(m: int, monkeypatch) -> None:
+    """With ROUND_AHEAD_ROWS at 4, 2-4 rows over interleaved planes name the batch rows GEMV's
+    layout (off by default: None); given the RMSNorm's rounding of the rows it launches no
+    rounding of its own, and its product is the one it makes rounding them itself."""
+    import shared.kernels.qmatmul.packed_int8_rows_batch as batch_gemv
+    import shared.model.linear as linear
+    from shared.kernels.norm import add_rms_norm_int8
+    from shared.kernels.qmatmul.int8_activations import int8_layout
+    from shared.kernels.qmatmul.packed_rows import interleave
+    from tests.spies import record_results
+
+    layer = QuantLinear(random_raw(T.Q4_K, N, K, seed=5).to(DEVICE), T.Q4_K, (N, K),
+                        torch.float32, use_kernels=True)  # fmt: skip
+    if not layer.packed.rows32:
+        layer.packed = interleave(layer.packed)
+    assert layer.int8_layout(m) is None  # the default: batch 1 only
+    monkeypatch.setattr(linear, "ROUND_AHEAD_ROWS", 4)
+    layout = layer.int8_layout(m)
+    assert layout == int8_layout(layer.packed) and layer.int8_layout(5) is None
+    x, r = torch.randn(m, K, device=DEVICE), torch.randn(m, K, device=DEVICE)
+    h, _, rounded = add_rms_norm_int8(x, r, torch.randn(K, device=DEVICE), 1e-5, (layout,))
+    assert rounded[layout][0].shape == (m, K // 4)
+    own = record_results(monkeypatch, batch_gemv, "prepare_int8")
+    want = layer(h)
+    assert len(own) == 1
+    got = layer(h, rounded)
+    assert len(own) == 1  # no rounding launch of its own
+    # the same codes and steps; the float sums of the sub-blocks may differ in their last bit
+    assert ((got.double() - want.double()).norm() / want.double().norm()).item() < 1e-5
+    with pytest.raises(ValueError, match="int8 rows"):  # another batch's rounding
+        layer(h, {layout: tuple(t[:1] for t in rounded[layout])})
+
+
 @pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
 @pytest.mark.parametrize("m", [1, 5, 70])
 def test_gated_linear_equals_the_activation_of_gate_and_up(act: int, m: int) -> None:

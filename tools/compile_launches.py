@@ -92,13 +92,13 @@ def compile_attention(
     return compiled["_paged_attention_kernel"]
 
 
-def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90):
-    """The fused residual add + RMSNorm as ``add_rms_norm_int8`` launches it for one Llama-3-8B
-    row (4096, bf16), rounding it to int8 for `layouts` in the same launch."""
+def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90, rows: int = 1):
+    """The fused residual add + RMSNorm as ``add_rms_norm_int8`` launches it for `rows`
+    Llama-3-8B rows (4096, bf16), rounding them to int8 for `layouts` in the same launch."""
     import shared.kernels.norm as norm
 
     with _compile_only(arch, norm) as compiled:
-        x = torch.empty(1, 4096, dtype=torch.bfloat16)
+        x = torch.empty(rows, 4096, dtype=torch.bfloat16)
         norm.add_rms_norm_int8(x, torch.empty_like(x), torch.empty(4096), 1e-5, layouts)
     return compiled["_rms_norm_kernel"]
 

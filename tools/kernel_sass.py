@@ -270,9 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             build = functools.partial(compile_attention, kv, query_len, args.arch, device_splits, b)
             if not _report(what, build, args.check, args.arch, loop_stats):
                 return 1
-    for layouts in ((), ((32, 8),), ((16, 8), (32, 8)), ((32, 4),)):
-        build = functools.partial(compile_norm, layouts, args.arch)
-        what = f"add + RMSNorm, rounded for {list(layouts)}"
+    for layouts, rows in (((), 1), (((32, 8),), 1), (((16, 8), (32, 8)), 1), (((32, 4),), 1),
+                          (((16, 8), (32, 8)), 4)):  # fmt: skip
+        build = functools.partial(compile_norm, layouts, args.arch, rows)
+        what = f"add + RMSNorm of {rows} row(s), rounded for {list(layouts)}"
         if not _report(what, build, args.check, args.arch, whole_stats):
             return 1
     for kv in ("bf16", "fp8", "fp8-head"):

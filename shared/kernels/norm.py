@@ -6,10 +6,11 @@ columns, which all sum the whole row's squares (read again from cache) and store
 columns. References: shared/ops/norm.py (`rms_norm`) and
 shared/ops/fused_norm.py (`add_rms_norm_ref`).
 
-``add_rms_norm_int8`` (with or without the residual add): for a single row (decode at batch 1)
-the same launch also rounds the normed row to int8 for the GEMVs that read it
-(``int8_activations``: one layout a weight type, at most two), from the values it stores, so
-the codes are those a separate rounding launch would make of ``out``; that launch is saved.
+``add_rms_norm_int8`` (with or without the residual add): for a few rows (decode at batch 1,
+and up to ``ROUND_ROWS`` for the batch rows GEMV) the same launch also rounds the normed rows
+to int8 for the GEMVs that read them (``int8_activations``: one layout a weight type, at most
+two), from the values it stores, so the codes are those a separate rounding launch would make
+of ``out``; that launch is saved.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_ROW = 65536
 # Up to this many rows, a row's columns are spread over programs of _SLICE each (_slice).
 _SLICED_ROWS = 8
+# the most rows add_rms_norm_int8 rounds (packed_int8_rows_batch.BATCH_ROWS: the batch rows GEMV
+# takes up to 4)
+ROUND_ROWS = 4
 _SLICE = 512
 
 
@@ -56,6 +60,11 @@ def _rms_norm_kernel(
     G1: tl.constexpr = 8,
     W2: tl.constexpr = 32,
     G2: tl.constexpr = 8,
+    stride_r1=0,  # with ROUND_ROWS_AT: the rounded rows' strides ([T, K / 4] words,
+    stride_s1=0,  # [T, K / W] scales and sums), layout 1
+    stride_r2=0,
+    stride_s2=0,  # ... and layout 2
+    ROUND_ROWS_AT: tl.constexpr = False,  # several rows rounded: row t at t * its strides
 ):
     launch_next(PDL)
     wait_prev(PDL)
@@ -77,6 +86,13 @@ def _rms_norm_kernel(
     y = (x * tl.rsqrt(mean_sq + eps) * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (t * n_heads + h) * n_cols + cols, y, mask=mask)
     c0 = tl.program_id(2) * SLICE  # the slice's sub-blocks, from the stored values
+    if ROUND_ROWS_AT:  # this row's buffers
+        xq1_ptr += t * stride_r1
+        xd1_ptr += t * stride_s1
+        xs1_ptr += t * stride_s1
+        xq2_ptr += t * stride_r2
+        xd2_ptr += t * stride_s2
+        xs2_ptr += t * stride_s2
     if ROUND >= 1:
         y1 = tl.reshape(y.to(tl.float32), (SLICE // W1, W1))
         round_blocks(y1, c0 // W1, n_cols // W1, xq1_ptr, xd1_ptr, xs1_ptr, W1, G1)
@@ -180,9 +196,10 @@ def add_rms_norm_int8(
     layouts: tuple[tuple[int, int], ...],
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """add_rms_norm (rms_norm with residual None: then x is returned as the residual), and for
-    one row its normed row rounded to int8 in the same launch for each (W, G) of layouts (at
-    most two): (normed, new_residual, {(W, G): (xq, xd, xs)} as int8_activations.prepare_int8
-    returns them for a weight of that layout). More rows, or no layouts: an empty dict."""
+    up to ROUND_ROWS rows the normed rows rounded to int8 in the same launch for each (W, G) of
+    layouts (at most two): (normed, new_residual, {(W, G): (xq, xd, xs)} as
+    int8_activations.prepare_int8 returns them for a weight of that layout: one row's, or
+    [rows, ...] of each). More rows, or no layouts: an empty dict."""
     if x.dim() != 2:
         raise ValueError(f"add_rms_norm: x must be [T, N], got {tuple(x.shape)}")
     has_res = residual is not None
@@ -202,12 +219,19 @@ def add_rms_norm_int8(
     normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device) if has_res else x
     rounded = {}
-    if x.shape[0] == 1:
-        rounded = {layout: int8_buffers_for(n, *layout, x.device) for layout in layouts}
+    m = x.shape[0]
+    if 1 <= m <= ROUND_ROWS:
+        lead = m if m > 1 else 0  # one row: the single-row buffers the rows GEMV reads
+        rounded = {layout: int8_buffers_for(n, *layout, x.device, lead) for layout in layouts}
     if x.numel() == 0:
         return normed, new_residual, {}
     bufs = [t for r in rounded.values() for t in r] + [x] * (6 - 3 * len(rounded))
     shapes = [v for layout in rounded for v in layout] + [32, 8] * (2 - len(rounded))
+    row_strides = [v for xq, xd, _ in rounded.values() for v in (xq.stride(0), xd.stride(0))] + [
+        0,
+        0,
+    ] * (2 - len(rounded))
+    several = m > 1 and bool(rounded)
     block, num_warps = _launch_config(n)
     cols, slices = _slice(x.shape[0], n, tuple(rounded))
     early = pdl(x.device, _rms_norm_kernel)
@@ -215,6 +239,9 @@ def add_rms_norm_int8(
         x, residual if has_res else x, weight, normed, new_residual, *bufs, x.stride(0), 0,
         residual.stride(0) if has_res else 0, n, eps, HAS_RESIDUAL=has_res, BLOCK_N=block,
         SLICE=cols, PDL=early, ROUND=len(rounded), W1=shapes[0], G1=shapes[1], W2=shapes[2],
-        G2=shapes[3], num_warps=num_warps, **launch_kw(early),
+        G2=shapes[3], stride_r1=row_strides[0] if several else 0,
+        stride_s1=row_strides[1] if several else 0, stride_r2=row_strides[2] if several else 0,
+        stride_s2=row_strides[3] if several else 0, ROUND_ROWS_AT=several, num_warps=num_warps,
+        **launch_kw(early),
     )  # fmt: skip
     return normed, new_residual, rounded

@@ -41,7 +41,13 @@ from shared.kernels.qmatmul.packed_int8_pair import (
     pair_splits,
     rows_gemv_pair,
 )
-from shared.kernels.qmatmul.packed_matmul import ACTS, default_config, rounds_gated, rows_plan
+from shared.kernels.qmatmul.packed_matmul import (
+    ACTS,
+    config_for,
+    default_config,
+    rounds_gated,
+    rows_plan,
+)
 from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.quant import dequantize
@@ -50,6 +56,11 @@ FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 _GEMV_MAX_M = 64
 # batch 1: two parts of a SplitLinear of different types in one launch (SplitLinear._paired)
 _PAIRED = True
+# decode batches of up to this many rows have their activations rounded to int8 ahead, by the
+# RMSNorm before the GEMVs (norm.add_rms_norm_int8), where the batch rows GEMV multiplies them
+# (packed_int8_rows_batch, 2-4 rows), as batch 1's rows GEMV has had since (w). 1: batch 1
+# only. Not yet timed on a GPU (BENCHMARKS.md "Not yet measured"), so off
+ROUND_AHEAD_ROWS = 1
 
 
 def packable(qtype: int, shape: tuple[int, int]) -> bool:
@@ -132,16 +143,19 @@ class QuantLinear(nn.Module):
     def int8_layout(self, m: int) -> tuple[int, int] | None:
         """The (W, G) layout a call of m rows rounds its activations to for the rows GEMV
         (``packed_int8_rows``), when it runs that: one row over interleaved planes, with a
-        config that does not round in the GEMV itself (QX). The caller may round them ahead
+        config that does not round in the GEMV itself (QX); or, for 2 .. ROUND_AHEAD_ROWS
+        rows, the batch rows GEMV's (a ``ROWS`` config). The caller may round them ahead
         (``norm.add_rms_norm_int8``) and pass them to forward. Else None."""
         pw = self.packed
-        if m != 1 or pw is None or not pw.rows32 or self.kernel_error is not None:
+        if m < 1 or m > ROUND_AHEAD_ROWS or pw is None or not pw.rows32:
             return None
-        if self.dense_copy is not None and m > self.dense_rows:
+        if self.kernel_error is not None or (self.dense_copy is not None and m > self.dense_rows):
             return None
-        if self.tuner is not None and self.tuner.config(pw, m, self.compute_dtype).get("QX"):
-            return None
-        return int8_layout(pw)
+        tuned = self.tuner.config(pw, m, self.compute_dtype) if self.tuner is not None else None
+        if m == 1:
+            return None if tuned and tuned.get("QX") else int8_layout(pw)
+        cfg = tuned or config_for(pw, m, self.compute_dtype)
+        return int8_layout(pw) if cfg.get("ROWS") else None
 
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
         """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made."""
@@ -230,6 +244,8 @@ class SplitLinear(nn.Module):
             return None
         a, b = self.parts
         x2 = x.reshape(-1, a.shape[1])
+        if x2.shape[0] != 1:  # rounded ahead for the batch rows GEMV: one launch a part
+            return None
         layouts = (a.int8_layout(x2.shape[0]), b.int8_layout(x2.shape[0]))
         if any(lay is None or lay not in rounded for lay in layouts):
             return None

@@ -183,11 +183,14 @@ def batch_split(pw: PackedWeight, groups: int, warps: int) -> int:
 
 
 def launch_int8_rows_batch(
-    x: torch.Tensor, pw: PackedWeight, out: torch.Tensor, cfg: dict, act: int, interp: bool
-) -> None:
+    x: torch.Tensor, pw: PackedWeight, out: torch.Tensor, cfg: dict, act: int, interp: bool,
+    int8: tuple[torch.Tensor, ...] | None = None,
+) -> None:  # fmt: skip
     """out [M, N] (or [M, N / 2] with act) = x [M, K] @ unpack(pw).T by the batch rows GEMV;
     cfg: num_warps (chunks in flight), MR (activation rows a program, default all), SPLIT_K
-    (default ``batch_split``), CACHE (``packed_int8_rows.CACHE_HINTS``)."""
+    (default ``batch_split``), CACHE (``packed_int8_rows.CACHE_HINTS``); int8: x's rows
+    rounded for pw's layout already ([M, K / 4], [M, K / W] twice, e.g. by the RMSNorm that
+    made them: ``norm.add_rms_norm_int8``), else a launch rounds them."""
     if pw.qtype not in ROWS_TYPES or not pw.rows32:
         raise ValueError(f"packed_matmul: no batch rows GEMV for {pw.qtype.name} planes")
     m = x.shape[0]
@@ -204,7 +207,12 @@ def launch_int8_rows_batch(
     part = out
     if splits > 1:
         part = torch.empty((m, splits, pw.shape[0]), dtype=torch.float32, device=x.device)
-    xq, xd, xs = prepare_int8(x, pw)
+    if int8 is None:
+        xq, xd, xs = prepare_int8(x, pw)
+    else:
+        xq, xd, xs = int8
+        if xq.shape != (m, pw.shape[1] // 4):
+            raise ValueError(f"packed_matmul: int8 rows {tuple(xq.shape)} for x {tuple(x.shape)}")
     cm, ep, sep = cache_hints(cfg)
     early = pdl(x.device, gemv_int8_rows_batch_kernel)
     gemv_int8_rows_batch_kernel[(groups, tiles, splits)](

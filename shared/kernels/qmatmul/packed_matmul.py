@@ -88,8 +88,9 @@ def packed_matmul(
     matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made
     once and kept (``[N, K]`` in x's dtype):
     ``DEQUANT`` multiplies by it instead of dequantizing each call. ``int8``: for the rows
-    GEMV (interleaved planes, M = 1), x already rounded to int8 for pw's layout (xq, xd, xs as
-    ``int8_activations.prepare_int8`` returns them); ignored by every other path.
+    GEMVs (interleaved planes: M = 1, or the batch rows GEMV's few rows), x already rounded to
+    int8 for pw's layout (xq, xd, xs as ``int8_activations.prepare_int8`` returns them);
+    ignored by every other path.
     ``out_int8``: (xq, xd, xs, W, G), for the rows GEMV with ``act`` only (see
     ``rounds_gated``): buffers (``int8_activations.int8_buffers_for``) the gated outputs are
     also rounded into, in layout (W, G), for the GEMV that reads them next.
@@ -118,8 +119,8 @@ def packed_matmul(
         return out
     if out_int8 is not None:
         raise ValueError("packed_matmul: out_int8 needs the rows GEMV (one row, interleaved)")
-    if pw.rows32 and cfg.get("ROWS"):  # a few rows: the rows GEMV a row group (its own rounding)
-        launch_int8_rows_batch(x, pw, out, cfg, act, interp)
+    if pw.rows32 and cfg.get("ROWS"):  # a few rows: the rows GEMV a row group
+        launch_int8_rows_batch(x, pw, out, cfg, act, interp, int8)
         return out
     if pw.rows32 and not (cfg.get("DEQUANT") or "BLOCK_M" in cfg):
         raise ValueError(f"packed_matmul: config {cfg} cannot read interleaved planes")

@@ -119,12 +119,17 @@ def test_loader_fuses_each_run_of_one_type(tmp_path) -> None:
         assert ((got.double() - want).norm() / want.norm()).item() < tol
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0])
-def test_rows_gemv_takes_activations_rounded_by_the_norm(qtype: T, monkeypatch) -> None:
-    """At batch 1 over interleaved planes (as CUDA keeps them) a layer names the int8 layout it
-    rounds to; given that rounding made by the RMSNorm (add_rms_norm_int8), it launches none
-    of its own and gives the product it gives without."""
+@pytest.mark.parametrize(
+    ("qtype", "m"), [(T.Q4_K, 1), (T.Q6_K, 1), (T.Q8_0, 1), (T.Q4_K, 2), (T.Q4_K, 3), (T.Q4_K, 4)]
+)
+def test_rows_gemvs_take_activations_rounded_by_the_norm(qtype: T, m: int, monkeypatch) -> None:
+    """Over interleaved planes (as CUDA keeps them) a layer names the int8 layout it rounds to:
+    at batch 1 (the rows GEMV), and with ROUND_AHEAD_ROWS at 4 for 2-4 rows (the batch rows
+    GEMV; off by default: None). Given that rounding made by the RMSNorm (add_rms_norm_int8),
+    it launches none of its own and gives the product it gives without."""
     import shared.kernels.qmatmul.packed_int8_rows as rows_gemv
+    import shared.kernels.qmatmul.packed_int8_rows_batch as batch_gemv
+    import shared.model.linear as linear
     from shared.kernels.norm import add_rms_norm_int8
     from shared.kernels.qmatmul.int8_activations import int8_layout
     from shared.kernels.qmatmul.packed_rows import interleave
@@ -134,11 +139,14 @@ def test_rows_gemv_takes_activations_rounded_by_the_norm(qtype: T, monkeypatch) 
                         use_kernels=True)  # fmt: skip
     if not layer.packed.rows32:
         layer.packed = interleave(layer.packed)
-    layout = layer.int8_layout(1)
-    assert layout == int8_layout(layer.packed) and layer.int8_layout(2) is None
-    x, r = torch.randn(1, K, device=DEVICE), torch.randn(1, K, device=DEVICE)
+    assert (layer.int8_layout(m) is None) == (m > 1)  # the default: batch 1 only
+    monkeypatch.setattr(linear, "ROUND_AHEAD_ROWS", 4)
+    layout = layer.int8_layout(m)
+    assert layout == int8_layout(layer.packed) and layer.int8_layout(5) is None
+    x, r = torch.randn(m, K, device=DEVICE), torch.randn(m, K, device=DEVICE)
     h, _, rounded = add_rms_norm_int8(x, r, torch.randn(K, device=DEVICE), 1e-5, (layout,))
-    own = record_results(monkeypatch, rows_gemv, "prepare_int8")
+    assert rounded[layout][0].shape == ((m, K // 4) if m > 1 else (K // 4,))
+    own = record_results(monkeypatch, batch_gemv if m > 1 else rows_gemv, "prepare_int8")
     want = layer(h)
     assert len(own) == 1
     got = layer(h, rounded)
@@ -146,40 +154,9 @@ def test_rows_gemv_takes_activations_rounded_by_the_norm(qtype: T, monkeypatch) 
     # the same codes and steps; the float sums of the sub-blocks may differ in their last bit
     # (summation order), which Q6_K's offset (weight d * a * (q - 32)) amplifies elementwise
     assert ((got.double() - want.double()).norm() / want.double().norm()).item() < 1e-5
-
-
-@pytest.mark.parametrize("m", [2, 3, 4])
-def test_batch_rows_gemv_takes_rows_rounded_by_the_norm(m: int, monkeypatch) -> None:
-    """With ROUND_AHEAD_ROWS at 4, 2-4 rows over interleaved planes name the batch rows GEMV's
-    layout (off by default: None); given the RMSNorm's rounding of the rows it launches no
-    rounding of its own, and its product is the one it makes rounding them itself."""
-    import shared.kernels.qmatmul.packed_int8_rows_batch as batch_gemv
-    import shared.model.linear as linear
-    from shared.kernels.norm import add_rms_norm_int8
-    from shared.kernels.qmatmul.int8_activations import int8_layout
-    from shared.kernels.qmatmul.packed_rows import interleave
-    from tests.spies import record_results
-
-    layer = QuantLinear(random_raw(T.Q4_K, N, K, seed=5).to(DEVICE), T.Q4_K, (N, K),
-                        torch.float32, use_kernels=True)  # fmt: skip
-    if not layer.packed.rows32:
-        layer.packed = interleave(layer.packed)
-    assert layer.int8_layout(m) is None  # the default: batch 1 only
-    monkeypatch.setattr(linear, "ROUND_AHEAD_ROWS", 4)
-    layout = layer.int8_layout(m)
-    assert layout == int8_layout(layer.packed) and layer.int8_layout(5) is None
-    x, r = torch.randn(m, K, device=DEVICE), torch.randn(m, K, device=DEVICE)
-    h, _, rounded = add_rms_norm_int8(x, r, torch.randn(K, device=DEVICE), 1e-5, (layout,))
-    assert rounded[layout][0].shape == (m, K // 4)
-    own = record_results(monkeypatch, batch_gemv, "prepare_int8")
-    want = layer(h)
-    assert len(own) == 1
-    got = layer(h, rounded)
-    assert len(own) == 1  # no rounding launch of its own
-    # the same codes and steps; the float sums of the sub-blocks may differ in their last bit
-    assert ((got.double() - want.double()).norm() / want.double().norm()).item() < 1e-5
-    with pytest.raises(ValueError, match="int8 rows"):  # another batch's rounding
-        layer(h, {layout: tuple(t[:1] for t in rounded[layout])})
+    if m > 1:
+        with pytest.raises(ValueError, match="int8 rows"):  # another batch's rounding
+            layer(h, {layout: tuple(t[:1] for t in rounded[layout])})
 
 
 @pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])

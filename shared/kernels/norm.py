@@ -227,21 +227,19 @@ def add_rms_norm_int8(
         return normed, new_residual, {}
     bufs = [t for r in rounded.values() for t in r] + [x] * (6 - 3 * len(rounded))
     shapes = [v for layout in rounded for v in layout] + [32, 8] * (2 - len(rounded))
-    row_strides = [v for xq, xd, _ in rounded.values() for v in (xq.stride(0), xd.stride(0))] + [
-        0,
-        0,
-    ] * (2 - len(rounded))
     several = m > 1 and bool(rounded)
+    strides = [0] * 4  # with several rows: row t's codes at t times each buffer's row stride
+    if several:
+        rows = [v for xq, xd, _ in rounded.values() for v in (xq.stride(0), xd.stride(0))]
+        strides[: len(rows)] = rows
     block, num_warps = _launch_config(n)
-    cols, slices = _slice(x.shape[0], n, tuple(rounded))
+    cols, slices = _slice(m, n, tuple(rounded))
     early = pdl(x.device, _rms_norm_kernel)
     _rms_norm_kernel[(x.shape[0], 1, slices)](
         x, residual if has_res else x, weight, normed, new_residual, *bufs, x.stride(0), 0,
         residual.stride(0) if has_res else 0, n, eps, HAS_RESIDUAL=has_res, BLOCK_N=block,
         SLICE=cols, PDL=early, ROUND=len(rounded), W1=shapes[0], G1=shapes[1], W2=shapes[2],
-        G2=shapes[3], stride_r1=row_strides[0] if several else 0,
-        stride_s1=row_strides[1] if several else 0, stride_r2=row_strides[2] if several else 0,
-        stride_s2=row_strides[3] if several else 0, ROUND_ROWS_AT=several, num_warps=num_warps,
-        **launch_kw(early),
+        G2=shapes[3], stride_r1=strides[0], stride_s1=strides[1], stride_r2=strides[2],
+        stride_s2=strides[3], ROUND_ROWS_AT=several, num_warps=num_warps, **launch_kw(early),
     )  # fmt: skip
     return normed, new_residual, rounded

@@ -246,7 +246,7 @@ class SplitLinear(nn.Module):
         x2 = x.reshape(-1, a.shape[1])
         if x2.shape[0] != 1:  # rounded ahead for the batch rows GEMV: one launch a part
             return None
-        layouts = (a.int8_layout(x2.shape[0]), b.int8_layout(x2.shape[0]))
+        layouts = (a.int8_layout(1), b.int8_layout(1))
         if any(lay is None or lay not in rounded for lay in layouts):
             return None
         cfg = a.matmul_args(x2)["config"] or default_config(

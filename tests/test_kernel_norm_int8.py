@@ -95,5 +95,8 @@ def test_a_row_over_programs_equals_one_program(rows: int, monkeypatch) -> None:
     whole = add_rms_norm_int8(x, r, w, EPS, ((32, 8), (16, 16)))
     assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
     assert torch.equal(plain, rms_norm(x, w, EPS))
+    assert sliced[2].keys() == whole[2].keys()
     for layout, bufs in whole[2].items():
-        assert all(torch.equal(a, b) for a, b in zip(sliced[2][layout], bufs, strict=True))
+        for name, a, b in zip("qds", sliced[2][layout], bufs, strict=True):
+            differ = (a != b).nonzero().tolist()
+            assert not differ, f"{layout} x{name}: {len(differ)} differ, first {differ[:4]}"

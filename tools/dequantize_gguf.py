@@ -8,6 +8,7 @@ Usage: python -m tools.dequantize_gguf SRC.gguf DST.gguf
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from shared.quant import dequantize
 def dequantize_gguf(src: str | Path, dst: str | Path) -> Path:
     f = GGUFFile(src)
     reader = GGUFReader(src)
-    tmp = f"{dst}.part"
+    tmp = f"{dst}.{os.getpid()}.part"  # side-by-side test processes may write dst too
     w = GGUFWriter(tmp, f.architecture)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":

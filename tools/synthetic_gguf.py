@@ -72,9 +72,13 @@ def add_byte_vocab(w: GGUFWriter, n: int) -> None:
 
 
 def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
+    """Writes the model to path atomically (a per-process temporary file renamed into place):
+    test processes running side by side (pytest-xdist) may write the same file while another
+    one maps it."""
     rng = np.random.default_rng(spec.seed)
     path = Path(path)
-    w = GGUFWriter(str(path), spec.arch)
+    tmp = _part(path)
+    w = GGUFWriter(str(tmp), spec.arch)
     a = spec.arch
     w.add_context_length(spec.context)
     w.add_embedding_length(spec.d_model)
@@ -141,7 +145,13 @@ def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    os.replace(tmp, path)
     return path
+
+
+def _part(dst: Path) -> Path:
+    """A temporary name beside dst that no other process writes."""
+    return dst.with_name(f"{dst.name}.{os.getpid()}.part")
 
 
 def quantize_with_llama_cpp(src: str | Path, dst: str | Path, ftype_name: str) -> Path:
@@ -151,7 +161,7 @@ def quantize_with_llama_cpp(src: str | Path, dst: str | Path, ftype_name: str) -
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
     params.nthread = os.cpu_count() or 2
-    tmp = f"{dst}.part"
+    tmp = str(_part(Path(dst)))
     rc = llama_cpp.llama_model_quantize(str(src).encode(), tmp.encode(), ctypes.byref(params))
     if rc != 0:
         Path(tmp).unlink(missing_ok=True)

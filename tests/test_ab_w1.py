@@ -74,7 +74,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "batch-rows-off": {12},
         "batch-rows-8": {12},
         "batch-regs-128": {13},
-        "round-ahead-4": {14},
+        "round-ahead-off": {14},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -68,12 +68,13 @@ def test_gpu_real_model_matches_cpu(cuda: str, which: str, request: pytest.Fixtu
     assert got.top1 >= 0.99 and got.mean_abs_diff < 0.003 * cpu.std()
 
 
-@pytest.mark.parametrize("round_ahead", [1, 4], ids=["default", "round-ahead-4"])
+@pytest.mark.parametrize("round_ahead", [4, 1], ids=["default", "round-ahead-off"])
 def test_gpu_engine_greedy_matches_cpu(
     cuda: str, synthetic_dir: Path, round_ahead: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Four sequences decoded together (the batch rows GEMV's rows), greedy, as on the CPU;
-    round-ahead-4: their rows rounded to int8 by the RMSNorm (linear.ROUND_AHEAD_ROWS)."""
+    by default their rows rounded to int8 by the RMSNorm (linear.ROUND_AHEAD_ROWS), and with
+    that off by the GEMV's own launch."""
     import shared.model.linear as linear
     from shared.engine import Sequence
     from shared.engine.engine import LLMEngine

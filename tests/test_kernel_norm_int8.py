@@ -82,8 +82,8 @@ def test_rounding_only_for_a_few_rows_and_whole_chunks() -> None:
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_a_row_over_programs_equals_one_program(rows: int, monkeypatch) -> None:
-    """Decode rows spread over programs of 512 columns: bit-equal to one program a row, the
-    rounding included (every program sums the whole row's squares in the same order)."""
+    """Decode rows spread over programs of 512 columns: bit-equal to one program a row (every
+    program sums the whole row's squares in the same order), the int8 codes and scales too."""
     g = torch.Generator().manual_seed(rows)
     x, r = (torch.randn(rows, 2048, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
     w = torch.randn(2048, generator=g).to(DEVICE, torch.bfloat16)
@@ -96,7 +96,8 @@ def test_a_row_over_programs_equals_one_program(rows: int, monkeypatch) -> None:
     assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
     assert torch.equal(plain, rms_norm(x, w, EPS))
     assert sliced[2].keys() == whole[2].keys()
-    for layout, bufs in whole[2].items():
-        for name, a, b in zip("qds", sliced[2][layout], bufs, strict=True):
-            differ = (a != b).nonzero().tolist()
-            assert not differ, f"{layout} x{name}: {len(differ)} differ, first {differ[:4]}"
+    for layout, (xq, xd, xs) in whole[2].items():
+        assert torch.equal(sliced[2][layout][0], xq) and torch.equal(sliced[2][layout][1], xd)
+        # the sub-blocks' float sums follow the tile's register layout ([SLICE / W, W] against
+        # [N / W, W]): compiled, one of 3 x 128 sums differed in its last bit on the H200
+        torch.testing.assert_close(sliced[2][layout][2], xs, rtol=1e-6, atol=1e-6)

@@ -23,9 +23,9 @@ torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
 ``batch-rows-off`` (decode batches of 2-4 rows by the decode-batch GEMMs instead of the batch
 rows GEMV, as before (ad); with ``--batch``); ``batch-rows-8`` (batches of 5-8 rows by the
 batch rows GEMV too, their rows in two programs); ``batch-regs-128`` (the batch rows GEMV's
-programs of 2 rows given 128 registers, maxnreg); ``round-ahead-4`` (decode batches of 2-4 rows
-rounded to int8 by the RMSNorm ahead of the batch rows GEMV, ``linear.ROUND_AHEAD_ROWS`` 4: a
-candidate, off by default; with ``--batch``).
+programs of 2 rows given 128 registers, maxnreg); ``round-ahead-off`` (decode batches of 2-4 rows
+rounded to int8 by the batch rows GEMV's own launch instead of by the RMSNorm ahead,
+``linear.ROUND_AHEAD_ROWS`` 1; with ``--batch``).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "batch-regs-128": (
         _off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_MAXNREG", 128),
     ),
-    "round-ahead-4": (_off("shared.model.linear", "ROUND_AHEAD_ROWS", 4),),
+    "round-ahead-off": (_off("shared.model.linear", "ROUND_AHEAD_ROWS", 1),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

@@ -58,9 +58,9 @@ _GEMV_MAX_M = 64
 _PAIRED = True
 # decode batches of up to this many rows have their activations rounded to int8 ahead, by the
 # RMSNorm before the GEMVs (norm.add_rms_norm_int8), where the batch rows GEMV multiplies them
-# (packed_int8_rows_batch, 2-4 rows), as batch 1's rows GEMV has had since (w). 1: batch 1
-# only. Not yet timed on a GPU (BENCHMARKS.md "Not yet measured"), so off
-ROUND_AHEAD_ROWS = 1
+# (packed_int8_rows_batch, 2-4 rows), as batch 1's rows GEMV has had since (w); 1: batch 1
+# only. Q4_K_M's W1 at batches 2/3/4 gained 1.6/1.2/1.3 % on the H200 (BENCHMARKS.md (ai))
+ROUND_AHEAD_ROWS = 4
 
 
 def packable(qtype: int, shape: tuple[int, int]) -> bool:

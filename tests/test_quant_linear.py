@@ -125,8 +125,8 @@ def test_loader_fuses_each_run_of_one_type(tmp_path) -> None:
 def test_rows_gemvs_take_activations_rounded_by_the_norm(qtype: T, m: int, monkeypatch) -> None:
     """Over interleaved planes (as CUDA keeps them) a layer names the int8 layout it rounds to:
     at batch 1 (the rows GEMV), and for 2-4 rows (the batch rows GEMV) unless ROUND_AHEAD_ROWS
-    is 1. Given that rounding made by the RMSNorm (add_rms_norm_int8),
-    it launches none of its own and gives the product it gives without."""
+    is 1. Given that rounding made by the RMSNorm (add_rms_norm_int8), it launches none of its
+    own and gives the product it gives without."""
     import shared.kernels.qmatmul.packed_int8_rows as rows_gemv
     import shared.kernels.qmatmul.packed_int8_rows_batch as batch_gemv
     import shared.model.linear as linear

@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, batch, first, tune (TUNE_ARGS), ab, w6
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, batch, first, tune (TUNE_ARGS), ab, w6, floor
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile (niced: in (ab) it starved the tests stage)
   [ -x $BUILD/bin/llama-bench ] || setsid nice -n 19 bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -94,6 +94,10 @@ case " $STAGES " in *" tune "*)  # batch-1 rows configs timed in the engine's de
     timeout ${TUNE_S:-240} python3 -m tools.tune_decode /tmp/l3-$t.gguf --json "$OUT/tune-$t.json" ${TUNE_ARGS:-} \
       2>&1 | grep -v "^USDT\|Warning\|warn" | tee "$OUT/tune-$t.txt"
   done ;;
+esac
+case " $STAGES " in *" floor "*)  # µs a link of a graph of kernels that only wait (PDL, plain)
+  timeout ${FLOOR_S:-60} python3 -m tools.bench_launch_floor ${FLOOR_ARGS:-} 2>&1 \
+    | tee "$OUT/launch-floor.txt" ;;
 esac
 case " $STAGES " in *" batch "*)  # the rows GEMV over 2-8 activation rows vs the GEMMs before
   timeout ${BATCH_S:-240} python3 -m tools.bench_batch_rows ${BATCH_ARGS:-} 2>&1 \

@@ -42,6 +42,7 @@ def _state() -> tuple:
         rows_batch.BATCH_ROWS,
         rows_batch.BATCH_MAXNREG,
         linear.ROUND_AHEAD_ROWS,
+        rows_batch.BATCH_WAVE,
     )
 
 
@@ -75,6 +76,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "batch-rows-8": {12},
         "batch-regs-128": {13},
         "round-ahead-off": {14},
+        "batch-wave": {15},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

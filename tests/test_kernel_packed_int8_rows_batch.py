@@ -20,6 +20,7 @@ from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES
 from shared.kernels.qmatmul.packed_int8_rows_batch import BATCH_ROWS, batch_config
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from shared.kernels.qmatmul.packed_rows import deinterleave, interleave
+from tests.spies import record_results
 from tests.test_kernel_packed_int8 import _layout, representable
 from tests.test_kernel_packed_int8_rows import _weight
 
@@ -124,3 +125,49 @@ def test_llama_shapes(qtype: T, n: int, k: int, m: int) -> None:
     got = packed_matmul(x, pw, torch.float32, config=batch_config(pw, m))
     want = _one_by_one(x, pw)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_programs_an_sm_holds() -> None:
+    """CUDA's occupancy rule on an H200's SM (65,536 registers, 2,048 threads, 228 KB): the batch
+    rows GEMV's register counts for sm_90 (tools/kernel_sass: Q4_K 72 at 1 row, 92 at 2, 148
+    at 4) give 7, 5 and 3 programs of 4 warps; threads and shared memory bound it too."""
+    from shared.kernels.device import programs_per_sm
+
+    sm = (65536, 2048, 233472)
+    assert [programs_per_sm(r, 4, 0, *sm) for r in (72, 92, 148, 32)] == [7, 5, 3, 16]
+    assert programs_per_sm(92, 4, 100 << 10, *sm) == 2  # two programs' shared memory
+    assert programs_per_sm(255, 8, 0, *sm) == 1
+    assert programs_per_sm(0, 1, 0, *sm) == 32  # no register count: the 32-program limit
+
+
+def test_one_wave_split() -> None:
+    from shared.kernels.qmatmul.packed_int8_rows_batch import wave_split
+
+    # 192 row tiles of 6144 rows, 5 programs an SM on 132 SMs: 660 a wave, 3 splits of 192
+    assert wave_split(4, 192, 5, 132) == 3
+    assert wave_split(2, 192, 5, 132) == 2  # never more than asked
+    assert wave_split(7, 128, 3, 132) == 3  # 4096x14336 at 4 rows
+    assert wave_split(1, 896, 5, 132) == 1 and wave_split(4, 5000, 1, 132) == 1
+
+
+def test_one_wave_takes_the_compiled_registers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BATCH_WAVE (off by default): without a SPLIT_K the split is cut to one wave of programs
+    as the compiled kernel's registers allow; the product is unchanged (to summation order).
+    The interpreter has no registers: there it keeps batch_split's count."""
+    rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
+    monkeypatch.setattr(rb, "BATCH_WAVE", True)
+    seen = record_results(monkeypatch, rb, "wave_split")
+    n, k, m = 6144, 4096, 2
+    if DEVICE != "cuda":
+        n, k = 64, 1024
+    pw = interleave(_weight(T.Q4_K, n, k, seed=5))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    cfg = batch_config(pw, m)
+    got = packed_matmul(x, pw, torch.float32, config=cfg)
+    want = _one_by_one(x, pw)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    assert int(pw.tickets.abs().sum()) == 0
+    if DEVICE == "cuda":
+        assert len(seen) == 1 and 1 <= seen[0] <= rb.batch_split(pw, 1, 4)
+    else:
+        assert seen == []

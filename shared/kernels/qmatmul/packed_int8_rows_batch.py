@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from shared.kernels.device import num_sms
+from shared.kernels.device import num_sms, resident_programs
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
 from shared.kernels.qmatmul.int8_activations import prepare_int8
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
@@ -54,6 +54,12 @@ BATCH_MR = 4
 # the engine (tools/ab_w1.py's batch-regs-128, (af)) W1 at batches 1, 4 and 8 moved by under
 # 0.2 %, so it stays off
 BATCH_MAXNREG = 0
+# without a SPLIT_K, split K only as far as one wave of programs (the SMs times the programs an
+# SM holds with the compiled kernel's registers, ``device.resident_programs``), not about 31
+# warps an SM whatever the registers (``batch_split``): Q4_K 6144x4096 at 2 rows (92 registers,
+# 5 programs an SM) took 12.7 µs at split 4 (768 programs) and 11.3 at split 3 (576) on the H200
+# (BENCHMARKS.md (ai)). Not yet timed in the engine (tools/ab_w1's batch-wave), so off
+BATCH_WAVE = False
 
 
 @triton.jit
@@ -182,6 +188,12 @@ def batch_split(pw: PackedWeight, groups: int, warps: int) -> int:
     return max(1, min(16, target // (tiles * groups), n_chunks // warps))
 
 
+def wave_split(splits: int, programs: int, resident: int, sms: int) -> int:
+    """At most `splits` splits of `programs` programs each (row groups times tiles) that fit one
+    wave of `resident` programs on each of `sms` SMs; at least 1."""
+    return max(1, min(splits, resident * sms // programs))
+
+
 def launch_int8_rows_batch(
     x: torch.Tensor, pw: PackedWeight, out: torch.Tensor, cfg: dict, act: int, interp: bool,
     int8: tuple[torch.Tensor, ...] | None = None,
@@ -200,13 +212,8 @@ def launch_int8_rows_batch(
     tiles = triton.cdiv(pw.shape[0], _ROWS)
     n_chunks = pw.shape[1] // CHUNK[pw.qtype]
     splits = cfg.get("SPLIT_K") or batch_split(pw, groups, warps)
-    per_split = triton.cdiv(n_chunks, splits)
-    splits = triton.cdiv(n_chunks, per_split)
     if groups * tiles > pw.tickets.numel():
         raise ValueError(f"packed_matmul: {m} rows in groups of {mr} need more tickets than rows")
-    part = out
-    if splits > 1:
-        part = torch.empty((m, splits, pw.shape[0]), dtype=torch.float32, device=x.device)
     if int8 is None:
         xq, xd, xs = prepare_int8(x, pw)
     else:
@@ -215,9 +222,28 @@ def launch_int8_rows_batch(
             raise ValueError(f"packed_matmul: int8 rows {tuple(xq.shape)} for x {tuple(x.shape)}")
     cm, ep, sep = cache_hints(cfg)
     early = pdl(x.device, gemv_int8_rows_batch_kernel)
-    gemv_int8_rows_batch_kernel[(groups, tiles, splits)](
-        xq, xd, xs, *planes(pw), out, part, pw.tickets, m, pw.shape[0], n_chunks, per_split,
-        *strides(pw), xq.stride(0), xd.stride(0), out.stride(0), **fields(pw), KW=warps,
-        SPLITS=splits, MR=mr, ACT=act, PDL=early, INTERPRETED=interp, CM=cm, EP=ep, SEP=sep,
-        num_warps=warps, maxnreg=cfg.get("MAXNREG"), **launch_kw(early),
-    )  # fmt: skip
+
+    def launch(splits: int, warmup: bool = False):
+        per_split = triton.cdiv(n_chunks, splits)
+        splits = triton.cdiv(n_chunks, per_split)
+        part = out
+        if splits > 1:  # (for a warmup too: the partials' dtype is in the kernel's signature)
+            part = torch.empty((m, splits, pw.shape[0]), dtype=torch.float32, device=x.device)
+        grid = (groups, tiles, splits)
+        kernel = gemv_int8_rows_batch_kernel.warmup if warmup else gemv_int8_rows_batch_kernel[grid]
+        return kernel(
+            xq, xd, xs, *planes(pw), out, part, pw.tickets, m, pw.shape[0], n_chunks, per_split,
+            *strides(pw), xq.stride(0), xd.stride(0), out.stride(0), **fields(pw), KW=warps,
+            SPLITS=splits, MR=mr, ACT=act, PDL=early, INTERPRETED=interp, CM=cm, EP=ep, SEP=sep,
+            num_warps=warps, maxnreg=cfg.get("MAXNREG"), **launch_kw(early),
+            **({"grid": grid} if warmup else {}),
+        )  # fmt: skip
+
+    if BATCH_WAVE and not cfg.get("SPLIT_K") and not interp and splits > 1:
+        # the registers of the kernel as compiled for batch_split's count (compiled, not run)
+        kernel = launch(splits, warmup=True)
+        kernel = kernel.result() if hasattr(kernel, "result") else kernel
+        kernel._init_handles()  # loads it: n_regs comes with the module
+        resident = resident_programs(x.device, kernel.n_regs, warps, kernel.metadata.shared)
+        splits = wave_split(splits, groups * tiles, resident, num_sms(x.device))
+    launch(splits)

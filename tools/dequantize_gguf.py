@@ -8,7 +8,6 @@ Usage: python -m tools.dequantize_gguf SRC.gguf DST.gguf
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -18,12 +17,13 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from shared.loader import GGUFFile
 from shared.quant import dequantize
+from tools.synthetic_gguf import part_path
 
 
 def dequantize_gguf(src: str | Path, dst: str | Path) -> Path:
     f = GGUFFile(src)
     reader = GGUFReader(src)
-    tmp = f"{dst}.{os.getpid()}.part"  # side-by-side test processes may write dst too
+    tmp = str(part_path(dst))
     w = GGUFWriter(tmp, f.architecture)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":

@@ -77,7 +77,7 @@ def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
     one maps it."""
     rng = np.random.default_rng(spec.seed)
     path = Path(path)
-    tmp = _part(path)
+    tmp = part_path(path)
     w = GGUFWriter(str(tmp), spec.arch)
     a = spec.arch
     w.add_context_length(spec.context)
@@ -149,8 +149,10 @@ def write_synthetic_gguf(path: str | Path, spec: SynthSpec) -> Path:
     return path
 
 
-def _part(dst: Path) -> Path:
-    """A temporary name beside dst that no other process writes."""
+def part_path(dst: str | Path) -> Path:
+    """A temporary name beside dst that no other process writes (renamed into place when
+    complete: test processes side by side may write the same file)."""
+    dst = Path(dst)
     return dst.with_name(f"{dst.name}.{os.getpid()}.part")
 
 
@@ -161,7 +163,7 @@ def quantize_with_llama_cpp(src: str | Path, dst: str | Path, ftype_name: str) -
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
     params.nthread = os.cpu_count() or 2
-    tmp = str(_part(Path(dst)))
+    tmp = str(part_path(dst))
     rc = llama_cpp.llama_model_quantize(str(src).encode(), tmp.encode(), ctypes.byref(params))
     if rc != 0:
         Path(tmp).unlink(missing_ok=True)

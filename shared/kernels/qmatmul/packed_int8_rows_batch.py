@@ -58,7 +58,9 @@ BATCH_MAXNREG = 0
 # SM holds with the compiled kernel's registers, ``device.resident_programs``), not about 31
 # warps an SM whatever the registers (``batch_split``): Q4_K 6144x4096 at 2 rows (92 registers,
 # 5 programs an SM) took 12.7 µs at split 4 (768 programs) and 11.3 at split 3 (576) on the H200
-# (BENCHMARKS.md (ai)). Not yet timed in the engine (tools/ab_w1's batch-wave), so off
+# (BENCHMARKS.md (ai)). Each launch with it looks the compiled kernel up once more (host time;
+# under CUDA graphs at capture only): memoize that before it becomes a default. Not yet timed in
+# the engine (tools/ab_w1's batch-wave), so off
 BATCH_WAVE = False
 
 

@@ -76,7 +76,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "batch-rows-8": {12},
         "batch-regs-128": {13},
         "round-ahead-off": {14},
-        "batch-wave": {15},
+        "batch-wave-off": {15},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -151,11 +151,12 @@ def test_one_wave_split() -> None:
 
 
 def test_one_wave_takes_the_compiled_registers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """BATCH_WAVE (off by default): without a SPLIT_K the split is cut to one wave of programs
-    as the compiled kernel's registers allow; the product is unchanged (to summation order).
-    The interpreter has no registers: there it keeps batch_split's count."""
+    """BATCH_WAVE (the default): without a SPLIT_K the split is cut to one wave of programs as
+    the compiled kernel's registers allow, found at a launch form's first call and kept on the
+    weight; the product is unchanged (to summation order). The interpreter has no registers:
+    there it keeps batch_split's count."""
     rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
-    monkeypatch.setattr(rb, "BATCH_WAVE", True)
+    assert rb.BATCH_WAVE
     seen = record_results(monkeypatch, rb, "wave_split")
     n, k, m = 6144, 4096, 2
     if DEVICE != "cuda":
@@ -169,5 +170,9 @@ def test_one_wave_takes_the_compiled_registers(monkeypatch: pytest.MonkeyPatch) 
     assert int(pw.tickets.abs().sum()) == 0
     if DEVICE == "cuda":
         assert len(seen) == 1 and 1 <= seen[0] <= rb.batch_split(pw, 1, 4)
+        assert list(pw.wave_splits.values()) == seen
+        again = packed_matmul(x, pw, torch.float32, config=cfg)  # the kept split: no lookup
+        assert len(seen) == 1
+        torch.testing.assert_close(again, got, rtol=0, atol=0)
     else:
-        assert seen == []
+        assert seen == [] and pw.wave_splits == {}

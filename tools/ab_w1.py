@@ -25,9 +25,9 @@ rows GEMV, as before (ad); with ``--batch``); ``batch-rows-8`` (batches of 5-8 r
 batch rows GEMV too, their rows in two programs); ``batch-regs-128`` (the batch rows GEMV's
 programs of 2 rows given 128 registers, maxnreg); ``round-ahead-off`` (decode batches of 2-4 rows
 rounded to int8 by the batch rows GEMV's own launch instead of by the RMSNorm ahead,
-``linear.ROUND_AHEAD_ROWS`` 1; with ``--batch``); ``batch-wave`` (the batch rows GEMV's K split
-cut to one wave of programs as its registers allow, ``BATCH_WAVE``: a candidate, off by default;
-with ``--batch``).
+``linear.ROUND_AHEAD_ROWS`` 1; with ``--batch``); ``batch-wave-off`` (the batch rows GEMV's K
+split by ``batch_split``'s warps an SM instead of one wave of programs as its registers allow,
+``BATCH_WAVE`` off, as before (aj); with ``--batch``).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
         _off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_MAXNREG", 128),
     ),
     "round-ahead-off": (_off("shared.model.linear", "ROUND_AHEAD_ROWS", 1),),
-    "batch-wave": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_WAVE", True),),
+    "batch-wave-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_WAVE", False),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

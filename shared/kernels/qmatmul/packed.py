@@ -76,10 +76,14 @@ class PackedWeight:
     rows32: bool = False
     # split-K tickets of the GEMVs (split_tickets): one int32 counter a row, zero between launches
     tickets: torch.Tensor = field(init=False, repr=False, compare=False)
+    # the batch rows GEMV's one-wave K split by launch form (packed_int8_rows_batch.BATCH_WAVE),
+    # found at a form's first launch from the compiled kernel's registers
+    wave_splits: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         counters = torch.zeros(self.shape[0], dtype=torch.int32, device=self.q.device)
         object.__setattr__(self, "tickets", counters)
+        object.__setattr__(self, "wave_splits", {})
 
     @property
     def nbytes(self) -> int:

@@ -58,10 +58,10 @@ BATCH_MAXNREG = 0
 # SM holds with the compiled kernel's registers, ``device.resident_programs``), not about 31
 # warps an SM whatever the registers (``batch_split``): Q4_K 6144x4096 at 2 rows (92 registers,
 # 5 programs an SM) took 12.7 µs at split 4 (768 programs) and 11.3 at split 3 (576) on the H200
-# (BENCHMARKS.md (ai)). Each launch with it looks the compiled kernel up once more (host time;
-# under CUDA graphs at capture only): memoize that before it becomes a default. Not yet timed in
-# the engine (tools/ab_w1's batch-wave), so off
-BATCH_WAVE = False
+# (BENCHMARKS.md (ai)); in the engine W1 Q4_K_M rose 6.1 / 3.9 / 4.8 % at batches 2 / 3 / 4
+# (BENCHMARKS.md (aj), tools/ab_w1's batch-wave-off). The split is found once a weight and
+# launch form (PackedWeight.wave_splits)
+BATCH_WAVE = True
 
 
 @triton.jit
@@ -242,10 +242,14 @@ def launch_int8_rows_batch(
         )  # fmt: skip
 
     if BATCH_WAVE and not cfg.get("SPLIT_K") and not interp and splits > 1:
-        # the registers of the kernel as compiled for batch_split's count (compiled, not run)
-        kernel = launch(splits, warmup=True)
-        kernel = kernel.result() if hasattr(kernel, "result") else kernel
-        kernel._init_handles()  # loads it: n_regs comes with the module
-        resident = resident_programs(x.device, kernel.n_regs, warps, kernel.metadata.shared)
-        splits = wave_split(splits, groups * tiles, resident, num_sms(x.device))
+        form = (x.device, m, mr, warps, splits, act, cm, ep, sep, cfg.get("MAXNREG"), early,
+                out.dtype)  # fmt: skip
+        if form not in pw.wave_splits:
+            # the registers of the kernel as compiled for batch_split's count (compiled, not run)
+            kernel = launch(splits, warmup=True)
+            kernel = kernel.result() if hasattr(kernel, "result") else kernel
+            kernel._init_handles()  # loads it: n_regs comes with the module
+            resident = resident_programs(x.device, kernel.n_regs, warps, kernel.metadata.shared)
+            pw.wave_splits[form] = wave_split(splits, groups * tiles, resident, num_sms(x.device))
+        splits = pw.wave_splits[form]
     launch(splits)

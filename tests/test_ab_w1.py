@@ -43,6 +43,7 @@ def _state() -> tuple:
         rows_batch.BATCH_MAXNREG,
         linear.ROUND_AHEAD_ROWS,
         rows_batch.BATCH_WAVE,
+        linear.QKV_ROPE,
     )
 
 
@@ -77,6 +78,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "batch-regs-128": {13},
         "round-ahead-off": {14},
         "batch-wave-off": {15},
+        "rope-apart": {16},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

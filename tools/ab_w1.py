@@ -27,7 +27,8 @@ programs of 2 rows given 128 registers, maxnreg); ``round-ahead-off`` (decode ba
 rounded to int8 by the batch rows GEMV's own launch instead of by the RMSNorm ahead,
 ``linear.ROUND_AHEAD_ROWS`` 1; with ``--batch``); ``batch-wave-off`` (the batch rows GEMV's K
 split by ``batch_split``'s warps an SM instead of one wave of programs as its registers allow,
-``BATCH_WAVE`` off, as before (aj); with ``--batch``).
+``BATCH_WAVE`` off, as before (aj); with ``--batch``); ``rope-apart`` (batch 1's RoPE and KV
+write in a launch of their own after the Q/K/V GEMV, ``linear.QKV_ROPE`` off, as before (aj)).
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
         _off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_MAXNREG", 128),
     ),
     "round-ahead-off": (_off("shared.model.linear", "ROUND_AHEAD_ROWS", 1),),
+    "rope-apart": (_off("shared.model.linear", "QKV_ROPE", False),),
     "batch-wave-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_WAVE", False),),
     "qkv-unfused": (
         lambda: _patched(

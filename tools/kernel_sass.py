@@ -37,7 +37,7 @@ from shared.quant import block_geometry
 from tools.compile_launches import compile_attention, compile_norm, compile_pair, compile_rope_kv
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
-          torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8"}  # fmt: skip
+          torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.int64: "i64"}  # fmt: skip
 
 
 def _weight(qtype: T, n: int, k: int):
@@ -102,8 +102,16 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         g = fields["G"]
         xq = torch.empty(k // 4, dtype=torch.int32)
         xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
-        args = [x, xq, xd, xs, *_planes(pw), *split, xq, xd, xs, n, chunks, chunks // 2, *strides]
-        consts = {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}
+        qr = importlib.import_module("shared.kernels.qmatmul.qkv_rope")
+        rope = qr.no_rope_args(x)
+        consts = {"ROPE": False, "HEAD_DIM": 128, "ROPE_DIM": 128, "HAS_FF": False}
+        if kind == "gemv-r8r":  # with RoPE and the KV write in its epilogue (bf16 cache)
+            pos, cache = torch.zeros(1, dtype=torch.int64), torch.empty(8, dtype=torch.bfloat16)
+            rope = (pos, pos, cache, cache, torch.empty(64), 0, 4096, 1024, 1.0, -0.3)
+            consts |= {"ROPE": True, "HAS_FF": True}
+        args = [x, xq, xd, xs, *_planes(pw), *split, xq, xd, xs, *rope, n, chunks, chunks // 2]
+        args += strides
+        consts |= {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}
         # with the activation: its outputs also rounded for the next GEMV (round_gated)
         consts |= {"OUT_W": 32 if act else 0, "OUT_G": 8}
         # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
@@ -178,6 +186,8 @@ def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: 
         if isinstance(value, torch.Tensor):
             sig[name] = "*" + _TYPES[value.dtype]
             attrs[(names.index(name),)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            sig[name] = "fp32"
         else:
             sig[name] = "i32"
             if value % 16 == 0:  # what the launcher specializes on
@@ -292,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
              ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8e", 1, 4), ("gemv-r8c", 1, 4),
-             ("gemv-r8s", 1, 4), ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
+             ("gemv-r8s", 1, 4), ("gemv-r8r", 1, 4), ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
              ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4),
@@ -325,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 "gemv-r8e": 128,
                 "gemv-r8c": 128,
                 "gemv-r8s": 128,
+                "gemv-r8r": 128,
                 "gemv-rb": 128,
                 "gemm-first": 64,
                 "gemm-first-r32": 64,

@@ -34,7 +34,7 @@ _MIN_PROGRAMS = 64
 
 
 @triton.jit
-def _rope_cos_sin(
+def rope_cos_sin(
     position,  # int64 scalar
     ff_ptr,  # [ROPE_DIM // 2] float32
     scale,
@@ -141,7 +141,7 @@ def _rope_write_kv_kernel(
     pairs = tl.arange(0, BLOCK_PAIRS)
     pair_mask = pairs < ROPE_DIM // 2
     position = tl.load(positions_ptr + t)
-    cos, sin = _rope_cos_sin(
+    cos, sin = rope_cos_sin(
         position, ff_ptr, scale, exponent_step, pairs, pair_mask, HAS_FREQ_FACTORS
     )
     wait_prev(PDL)

@@ -49,6 +49,7 @@ from shared.kernels.qmatmul.packed_matmul import (
     rows_plan,
 )
 from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
+from shared.kernels.qmatmul.qkv_rope import QKVRope
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.quant import dequantize
 
@@ -56,6 +57,8 @@ FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 _GEMV_MAX_M = 64
 # batch 1: two parts of a SplitLinear of different types in one launch (SplitLinear._paired)
 _PAIRED = True
+# batch 1: RoPE and the KV-cache write in the Q/K/V GEMV's epilogue (SplitLinear.forward_rope)
+QKV_ROPE = True
 # decode batches of up to this many rows have their activations rounded to int8 ahead, by the
 # RMSNorm before the GEMVs (norm.add_rms_norm_int8), where the batch rows GEMV multiplies them
 # (packed_int8_rows_batch, 2-4 rows), as batch 1's rows GEMV has had since (w); 1: batch 1
@@ -236,10 +239,44 @@ class SplitLinear(nn.Module):
             out.extend(torch.split(y, run, dim=-1) if len(run) > 1 else (y,))
         return tuple(out)
 
-    def _paired(self, x: torch.Tensor, rounded: dict | None) -> list[torch.Tensor] | None:
+    def forward_rope(
+        self, x: torch.Tensor, rounded: dict | None, rope: QKVRope
+    ) -> torch.Tensor | None:
+        """Q/K/V of one token whose GEMVs' epilogue rotates q and k and writes k and v to
+        rope's caches (``qkv_rope``): q rotated ([1, q_dim], a view), or None where that
+        cannot be (then nothing ran: forward, and RoPE apart): parts other than the rows GEMV
+        or with a bias, rows that are not q/k/v, outputs or caches the epilogue refuses."""
+        x2 = x.reshape(-1, self.parts[0].shape[1])
+        rows = [p.shape[0] for p in self.parts]
+        if (
+            not QKV_ROPE
+            or x2.shape[0] != 1
+            or rope.refusal(x.dtype) is not None
+            or sum(rows) != rope.q_dim + 2 * rope.kv_dim
+            or rows[0] < rope.q_dim
+            or any(
+                p.packed is None or not p.packed.rows32 or p.kernel_error is not None
+                or p.bias is not None
+                for p in self.parts
+            )
+        ):  # fmt: skip
+            return None
+        ys = self._paired(x, rounded, rope)
+        if ys is None:
+            row0, ys = 0, []
+            for p in self.parts:
+                int8 = rounded.get(int8_layout(p.packed)) if rounded else None
+                ys.append(packed_matmul(x2, p.packed, **p.matmul_args(x2), int8=int8,
+                                        rope=(rope, row0)))  # fmt: skip
+                row0 += p.shape[0]
+        return ys[0].reshape(1, -1)[:, : rope.q_dim]
+
+    def _paired(
+        self, x: torch.Tensor, rounded: dict | None, rope: QKVRope | None = None
+    ) -> list[torch.Tensor] | None:
         """Two parts of different types (Q4_K_M's q/k and v) multiplied in one launch at batch
         1 (``packed_int8_pair``), when both run the rows GEMV on x rounded ahead for their
-        layouts; None otherwise (one launch a part)."""
+        layouts; None otherwise (one launch a part). rope: as forward_rope's (no biases)."""
         if not _PAIRED or len(self.parts) != 2 or not rounded:
             return None
         a, b = self.parts
@@ -257,7 +294,8 @@ class SplitLinear(nn.Module):
         if splits is None:
             return None
         ys = rows_gemv_pair(x2, a.packed, b.packed, rounded[layouts[0]], rounded[layouts[1]],
-                            cfg, splits, interpreted(gemv_int8_pair_kernel))  # fmt: skip
+                            cfg, splits, interpreted(gemv_int8_pair_kernel),
+                            (rope, 0) if rope is not None else None)  # fmt: skip
         return [
             (y if lin.bias is None else y + lin.bias).reshape(*x.shape[:-1], lin.shape[0])
             for y, lin in zip(ys, (a, b), strict=True)

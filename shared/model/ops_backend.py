@@ -49,6 +49,21 @@ class TorchOps:
     def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return activation.gelu_mul(gate, up)
 
+    def qkv_rope(
+        self,
+        n_tokens: int,
+        batch: ForwardBatch,
+        kv: KVPool,
+        layer: int,
+        rope: tuple[int, float, float, torch.Tensor | None],
+        neox: bool,
+        n_heads: int,
+    ) -> object | None:
+        """Where the Q/K/V GEMV's epilogue may rotate q and k and write k and v to the cache
+        (``qkv_rope.QKVRope``), then passed to attention as k = v = None; None when the ops
+        keep RoPE and the write in attention (the references always do)."""
+        return None
+
     def attention(
         self,
         q: torch.Tensor,  # [T, n_heads, head_dim]
@@ -112,10 +127,12 @@ class TritonOps(TorchOps):
         from shared.kernels import norm as norm_k
         from shared.kernels import paged_attention as attn_k
         from shared.kernels.device import num_sms
+        from shared.kernels.qmatmul.qkv_rope import QKVRope
         from shared.kernels.rope_kv import rope_and_write_kv
 
         self._norm, self._act, self._attn_k = norm_k, act_k, attn_k
         self._attn, self._rope_kv = attn_k.paged_attention, rope_and_write_kv
+        self._qkv_rope = QKVRope
         self._num_sms = num_sms
         self._round_in_norm = os.environ.get("SKIFF_NORM_ROUNDING", "1") != "0"
 
@@ -137,29 +154,42 @@ class TritonOps(TorchOps):
     def gelu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self._act.gelu_mul_separate(gate, up)
 
+    def qkv_rope(self, n_tokens, batch, kv, layer, rope, neox, n_heads):
+        """One token (the rows GEMV's), the "norm" layout and a 16- or 32-bit cache: the GEMV's
+        epilogue does RoPE and the KV write (``qkv_rope``), where the model's Q/K/V allow it."""
+        if n_tokens != 1 or neox or kv.fp8:
+            return None
+        dim, base, rope_scale, factors = rope
+        return self._qkv_rope(
+            batch.positions, batch.slot_mapping, kv.k[layer], kv.v[layer], n_heads, dim, base,
+            rope_scale, factors,
+        )  # fmt: skip
+
     def attention(
         self, q, k, v, batch, kv, layer, rope, neox, scale, sliding_window, int8_layout=None
     ):
+        """k and v None: q came rotated and k and v were written by the Q/K/V GEMV (qkv_rope)."""
         dim, base, rope_scale, factors = rope
         kc, vc = kv.k[layer], kv.v[layer]
         ks = kv.k_scale[layer] if kv.fp8 else None
         vs = kv.v_scale[layer] if kv.fp8 else None
-        q = self._rope_kv(
-            q,
-            k,
-            v,
-            batch.positions,
-            kc,
-            vc,
-            batch.slot_mapping,
-            dim,
-            base,
-            neox,
-            rope_scale,
-            factors,
-            ks,
-            vs,
-        )
+        if k is not None:
+            q = self._rope_kv(
+                q,
+                k,
+                v,
+                batch.positions,
+                kc,
+                vc,
+                batch.slot_mapping,
+                dim,
+                base,
+                neox,
+                rope_scale,
+                factors,
+                ks,
+                vs,
+            )
         out = self._attn(
             q,
             kc,

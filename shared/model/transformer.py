@@ -50,14 +50,23 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any."""
         cfg, n = self.cfg, x.shape[0]
-        q, k, v = self.qkv(x, rounded)
+        q = k = v = None
+        rope = None
+        if self.q_norm is None:  # one token: RoPE and the KV write in the GEMV's epilogue
+            rope = self.ops.qkv_rope(n, batch, kv, self.layer, self.rope, cfg.rope_neox,
+                                     cfg.n_heads)  # fmt: skip
+        if rope is not None:
+            q = self.qkv.forward_rope(x, rounded, rope)
+        if q is None:
+            q, k, v = self.qkv(x, rounded)
+            k = k.view(n, cfg.n_kv_heads, cfg.head_dim)
+            v = v.view(n, cfg.n_kv_heads, cfg.head_dim)
         q = q.view(n, cfg.n_heads, cfg.head_dim)
-        k = k.view(n, cfg.n_kv_heads, cfg.head_dim)
-        v = v.view(n, cfg.n_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
             q = self.ops.rms_norm(q, self.q_norm, cfg.rms_eps)
             k = self.ops.rms_norm(k, self.k_norm, cfg.rms_eps)
-        # at batch 1 the attention's last pass may round o for wo's GEMV (no launch of its own)
+        # k = v = None: already in the cache. At batch 1 the attention's last pass may round o
+        # for wo's GEMV (no launch of its own)
         o, o_rounded = self.ops.attention(
             q,
             k,

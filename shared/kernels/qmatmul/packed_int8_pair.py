@@ -24,7 +24,8 @@ from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, maxnreg, row_sums
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
-from shared.kernels.qmatmul.split_tickets import finish_rows
+from shared.kernels.qmatmul.qkv_rope import QKVRope, no_rope_args, store_qkv_rope
+from shared.kernels.qmatmul.split_tickets import finish_rows, release_tile, tile_sums
 
 __all__ = ["gemv_int8_pair_kernel", "pair_splits", "rows_gemv_pair"]
 
@@ -33,16 +34,21 @@ __all__ = ["gemv_int8_pair_kernel", "pair_splits", "rows_gemv_pair"]
 def gemv_int8_pair_kernel(
     xq_a, xd_a, xs_a, q_a, hi_a, sc_a, mn_a, d_a, dmin_a, out_a, part_a, tickets_a,
     xq_b, xd_b, xs_b, q_b, hi_b, sc_b, mn_b, d_b, dmin_b, out_b, part_b, tickets_b,
+    pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr, row0, q_dim, kv_dim, rope_scale, rope_step,  # ROPE
     n_a, n_b, tiles_a, chunks_a, chunks_b, per_a, per_b,
     sq_a, ss_a, sd_a, sq_b, ss_b, sd_b,
     QTYPE_A: tl.constexpr, HI_A: tl.constexpr, W_A: tl.constexpr, G_A: tl.constexpr,
     QTYPE_B: tl.constexpr, HI_B: tl.constexpr, W_B: tl.constexpr, G_B: tl.constexpr,
     KW: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     INTERPRETED: tl.constexpr, CM: tl.constexpr, EP: tl.constexpr, SEP: tl.constexpr,
+    ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 128, ROPE_DIM: tl.constexpr = 128,
+    HAS_FF: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (tiles_a + row tiles of B, SPLITS): programs of the first tiles_a tiles multiply
     weight A, the others B. Per weight: the row rounded for its layout (xq, xd, xs), its
-    planes, output, split-K partials and tickets, rows, chunks and chunks a split, strides."""
+    planes, output, split-K partials and tickets, rows, chunks and chunks a split, strides.
+    ROPE: A's rows are fused Q/K/V rows from row0 on, B's the n_a after them; their epilogue
+    rotates q and k and writes k and v to the cache (``qkv_rope``)."""
     launch_next(PDL)
     t = tl.program_id(0)
     split = tl.program_id(1)
@@ -53,7 +59,15 @@ def gemv_int8_pair_kernel(
                      tl.minimum(c0 + per_a, chunks_a), sq_a, ss_a, sd_a, QTYPE_A, HI_A, W_A, G_A,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
         rows = tile * ROWS + tl.arange(0, ROWS)
-        finish_rows(out_a, part_a, tickets_a, y, rows, n_a, ROWS, SPLITS, 0)
+        if ROPE:
+            last, y = tile_sums(part_a, tickets_a, y, rows, n_a, ROWS, SPLITS)
+            if last:
+                store_qkv_rope(out_a, y, rows, n_a, pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr,
+                               row0, q_dim, kv_dim, rope_scale, rope_step, ROWS, HEAD_DIM,
+                               ROPE_DIM, HAS_FF, INTERPRETED)  # fmt: skip
+                release_tile(tickets_a, SPLITS)
+        else:
+            finish_rows(out_a, part_a, tickets_a, y, rows, n_a, ROWS, SPLITS, 0)
     else:
         tile = (t - tiles_a).to(tl.int64)
         c0 = split * per_b
@@ -61,8 +75,16 @@ def gemv_int8_pair_kernel(
                      tl.minimum(c0 + per_b, chunks_b), sq_b, ss_b, sd_b, QTYPE_B, HI_B, W_B, G_B,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
         rows = tile * ROWS + tl.arange(0, ROWS)
-        # finish_rows draws the ticket of program_id(0): B's tile + tiles_a
-        finish_rows(out_b, part_b, tickets_b - tiles_a, y, rows, n_b, ROWS, SPLITS, 0)
+        # the tickets of program_id(0) are drawn: B's tile + tiles_a
+        if ROPE:
+            last, y = tile_sums(part_b, tickets_b - tiles_a, y, rows, n_b, ROWS, SPLITS)
+            if last:
+                store_qkv_rope(out_b, y, rows, n_b, pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr,
+                               row0 + n_a, q_dim, kv_dim, rope_scale, rope_step, ROWS, HEAD_DIM,
+                               ROPE_DIM, HAS_FF, INTERPRETED)  # fmt: skip
+                release_tile(tickets_b - tiles_a, SPLITS)
+        else:
+            finish_rows(out_b, part_b, tickets_b - tiles_a, y, rows, n_b, ROWS, SPLITS, 0)
 
 
 def pair_splits(a: PackedWeight, b: PackedWeight, splits: int) -> int | None:
@@ -85,10 +107,13 @@ def rows_gemv_pair(
     cfg: dict,
     splits: int,
     interp: bool,
+    rope: tuple[QKVRope, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x @ unpack(a).T, x @ unpack(b).T) in x's dtype, [1, N_a] and [1, N_b], from x rounded
     for each weight's layout; cfg (A's rows config): num_warps, PREFETCH and CACHE; splits
-    from ``pair_splits``. Both weights interleaved (``packed_rows``) of one K."""
+    from ``pair_splits``. Both weights interleaved (``packed_rows``) of one K. rope: (the
+    ``QKVRope`` target, the fused Q/K/V row of A's row 0; B's rows follow A's): q rotated in
+    the outputs, k and v written to the cache (``qkv_rope``)."""
     if not (a.rows32 and b.rows32) or a.shape[1] != b.shape[1]:
         raise ValueError(f"rows_gemv_pair: interleaved weights of one K, got {a.shape} {b.shape}")
     chunks_a, chunks_b = a.shape[1] // CHUNK[a.qtype], b.shape[1] // CHUNK[b.qtype]
@@ -103,12 +128,13 @@ def rows_gemv_pair(
     warps = cfg.get("num_warps", 4)
     regs = maxnreg(a.qtype) if maxnreg(a.qtype) == maxnreg(b.qtype) else None
     early = pdl(x.device, gemv_int8_pair_kernel)
+    rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(out_a)
     gemv_int8_pair_kernel[(tiles_a + tiles_b, splits)](
-        *int8_a, *planes(a), *targets_a, *int8_b, *planes(b), *targets_b,
+        *int8_a, *planes(a), *targets_a, *int8_b, *planes(b), *targets_b, *rope_args,
         a.shape[0], b.shape[0], tiles_a, chunks_a, chunks_b, per_a, per_b,
         *strides(a), *strides(b), **fa, **fb, KW=warps, SPLITS=splits,
         PREFETCH=bool(cfg.get("PREFETCH")), PDL=early, INTERPRETED=interp,
-        CM=cm, EP=ep, SEP=sep, num_warps=warps, maxnreg=regs,
-        **launch_kw(early),
+        CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}), num_warps=warps,
+        maxnreg=regs, **launch_kw(early),
     )  # fmt: skip
     return out_a, out_b

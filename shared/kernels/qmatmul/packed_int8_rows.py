@@ -36,7 +36,8 @@ from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch, scale_pair
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
-from shared.kernels.qmatmul.split_tickets import finish_rows, round_gated
+from shared.kernels.qmatmul.qkv_rope import no_rope_args, store_qkv_rope
+from shared.kernels.qmatmul.split_tickets import finish_rows, release_tile, round_gated, tile_sums
 
 __all__ = [
     "CACHE_HINTS",
@@ -257,6 +258,7 @@ def gemv_int8_rows_kernel(
     out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
     part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
     oq_ptr, od_ptr, os_ptr,  # with ACT and OUT_W: the gated outputs rounded to int8
+    pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr, row0, q_dim, kv_dim, rope_scale, rope_step,  # ROPE
     N, n_chunks, per_split, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
@@ -274,6 +276,10 @@ def gemv_int8_rows_kernel(
     CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (CACHE_HINTS)
     EP: tl.constexpr = "",
     SEP: tl.constexpr = "",  # the scale words' eviction policy
+    ROPE: tl.constexpr = False,  # Q/K/V rows: RoPE and the KV-cache write here (qkv_rope)
+    HEAD_DIM: tl.constexpr = 128,
+    ROPE_DIM: tl.constexpr = 128,
+    HAS_FF: tl.constexpr = False,
 ):  # fmt: skip
     launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
@@ -283,7 +289,15 @@ def gemv_int8_rows_kernel(
     y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                  tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
                  PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
-    last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
+    if ROPE:
+        last, y = tile_sums(part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS)
+        if last:
+            store_qkv_rope(out_ptr, y, rows, N, pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr, row0,
+                           q_dim, kv_dim, rope_scale, rope_step, ROWS, HEAD_DIM, ROPE_DIM, HAS_FF,
+                           INTERPRETED)  # fmt: skip
+            release_tile(tickets_ptr, SPLITS)
+    else:
+        last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
     if OUT_W > 0:  # noqa: SIM102 - a compile-time test around a runtime one
         if last:
             round_gated(out_ptr, tickets_ptr, tl.num_programs(0), oq_ptr, od_ptr, os_ptr, ROWS,
@@ -291,13 +305,15 @@ def gemv_int8_rows_kernel(
 
 
 def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp,
-                     int8=None, out_int8=None) -> None:  # fmt: skip
+                     int8=None, out_int8=None, rope=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
     partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg:
     num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's; int8: x rounded for
     pw's layout already (xq, xd, xs, e.g. by the RMSNorm that made it: norm.add_rms_norm_int8),
     else a launch rounds it (or the GEMV itself, with QX); out_int8: with act, (xq, xd, xs, W,
-    G) buffers the gated outputs are rounded into for the next GEMV (W 16 or 32)."""
+    G) buffers the gated outputs are rounded into for the next GEMV (W 16 or 32); rope:
+    (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row 0) for Q/K/V rows whose epilogue
+    rotates q and k and writes k and v to the cache (without act)."""
     qx = bool(cfg.get("QX")) and int8 is None
     if int8 is not None:
         xq, xd, xs = int8
@@ -307,10 +323,13 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     warps = cfg.get("num_warps", 4)
     cm, ep, sep = cache_hints(cfg)
     early = pdl(x.device, gemv_int8_rows_kernel)
+    if rope is not None and act:
+        raise ValueError("launch_int8_rows: the RoPE epilogue is for Q/K/V rows, not gate/up")
+    rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(targets[0])
     gemv_int8_rows_kernel[grid](
-        x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, pw.shape[0], n_chunks, per_split,
-        *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1], PREFETCH=bool(cfg.get("PREFETCH")),
-        QX=qx, ACT=act, PDL=early, INTERPRETED=interp, OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep,
-        SEP=sep,
+        x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, *rope_args, pw.shape[0], n_chunks,
+        per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
+        PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
+        OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
         num_warps=warps, maxnreg=maxnreg(pw.qtype), **launch_kw(early),
     )  # fmt: skip

@@ -68,6 +68,7 @@ def packed_matmul(
     dense: torch.Tensor | None = None,
     int8: tuple[torch.Tensor, ...] | None = None,
     out_int8: tuple | None = None,
+    rope: tuple | None = None,
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
@@ -94,6 +95,9 @@ def packed_matmul(
     ``out_int8``: (xq, xd, xs, W, G), for the rows GEMV with ``act`` only (see
     ``rounds_gated``): buffers (``int8_activations.int8_buffers_for``) the gated outputs are
     also rounded into, in layout (W, G), for the GEMV that reads them next.
+    ``rope``: (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row 0), for the rows GEMV of
+    Q/K/V rows without act only: its epilogue rotates the q rows in the result and writes k
+    (rotated) and v to the cache instead of the result.
     """
     n, k = pw.shape
     if out_int8 is not None and not (act and rounds_gated(n // 2, *out_int8[3:])):
@@ -112,10 +116,12 @@ def packed_matmul(
     n_chunks = k // CHUNK[pw.qtype]
     cfg = config or config_for(pw, m, x.dtype)
     interp = interpreted(gemv_kernel)
+    if rope is not None and not (pw.rows32 and m == 1 and not act):
+        raise ValueError("packed_matmul: rope needs the rows GEMV (one row, interleaved, no act)")
     if pw.rows32 and m == 1:  # row-interleaved planes: the rows GEMV (packed_int8_rows)
         if pw.qtype not in ROWS_TYPES:
             raise ValueError(f"packed_matmul: no GEMV over interleaved {pw.qtype.name} planes")
-        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8, out_int8)
+        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8, out_int8, rope)
         return out
     if out_int8 is not None:
         raise ValueError("packed_matmul: out_int8 needs the rows GEMV (one row, interleaved)")
@@ -206,7 +212,8 @@ def rounds_gated(n_out: int, w: int, g: int) -> bool:
     return w in (ROWS // 2, ROWS) and n_out % (w * g) == 0
 
 
-def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None) -> None:
+def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None,
+               rope=None) -> None:  # fmt: skip
     """The int8 GEMV over row-interleaved planes (packed_int8_rows): a tile of 32 rows a
     program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
@@ -214,7 +221,7 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None)
     cfg, splits = rows_plan(pw, cfg)
     per_split, splits, targets = split_targets(out, pw, n_chunks, splits)
     launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp, int8,
-                     out_int8)  # fmt: skip
+                     out_int8, rope)  # fmt: skip
 
 
 def rows_plan(pw: PackedWeight, cfg: dict) -> tuple[dict, int]:

@@ -21,7 +21,7 @@ import triton.language as tl
 from shared.kernels.qmatmul.int8_activations import round_blocks
 from shared.kernels.qmatmul.packed_gemm import gated
 
-__all__ = ["finish_rows", "round_gated", "store_rows"]
+__all__ = ["finish_rows", "release_tile", "round_gated", "store_rows", "tile_sums"]
 
 
 @triton.jit
@@ -37,14 +37,24 @@ def finish_rows(
     ACT: tl.constexpr,
 ):
     """Returns whether this program stored the tile's results (the last of its splits)."""
+    last, acc = tile_sums(part_ptr, tickets_ptr, y, rows, N, BLOCK_N, SPLITS)
+    if last:
+        store_rows(out_ptr, acc, rows, N, BLOCK_N, ACT)
+        release_tile(tickets_ptr, SPLITS)
+    return last
+
+
+@triton.jit
+def tile_sums(part_ptr, tickets_ptr, y, rows, N, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """(whether this program is the last of its tile's splits, and then the tile's sums in
+    split order; else its own): finish_rows without the store, for epilogues of their own
+    (``qkv_rope``), which call release_tile after storing."""
     last = True
-    if SPLITS == 1:
-        store_rows(out_ptr, y, rows, N, BLOCK_N, ACT)
-    else:
+    acc = y
+    if SPLITS > 1:
         tl.store(part_ptr + tl.program_id(1) * N + rows, y, mask=rows < N)
         tl.debug_barrier()  # every thread's partials are stored before the ticket is drawn
-        tile = tl.program_id(0)
-        ticket = tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        ticket = tl.atomic_add(tickets_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
         last = ticket == SPLITS - 1
         if last:
             acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -52,9 +62,14 @@ def finish_rows(
                 acc += tl.load(
                     part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg"
                 )
-            store_rows(out_ptr, acc, rows, N, BLOCK_N, ACT)
-            tl.atomic_xchg(tickets_ptr + tile, 0, sem="relaxed", scope="gpu")
-    return last
+    return last, acc
+
+
+@triton.jit
+def release_tile(tickets_ptr, SPLITS: tl.constexpr):
+    """The last program of a tile's splits sets its counter back to zero (the next launch)."""
+    if SPLITS > 1:
+        tl.atomic_xchg(tickets_ptr + tl.program_id(0), 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

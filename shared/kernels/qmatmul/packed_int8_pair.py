@@ -24,7 +24,7 @@ from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, maxnreg, row_sums
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
-from shared.kernels.qmatmul.qkv_rope import QKVRope, no_rope_args, store_qkv_rope
+from shared.kernels.qmatmul.qkv_rope import QKVRope, no_rope_args, qkv_angles, store_qkv_rope
 from shared.kernels.qmatmul.split_tickets import finish_rows, release_tile, tile_sums
 
 __all__ = ["gemv_int8_pair_kernel", "pair_splits", "rows_gemv_pair"]
@@ -55,33 +55,38 @@ def gemv_int8_pair_kernel(
     if t < tiles_a:
         tile = t.to(tl.int64)
         c0 = split * per_a
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        if ROPE:
+            cos, sin = qkv_angles(pos_ptr, ff_ptr, row0, rows, rope_scale, rope_step, ROWS,
+                                  HEAD_DIM, ROPE_DIM, HAS_FF)  # fmt: skip
         y = row_sums(xq_a, xq_a, xd_a, xs_a, q_a, hi_a, sc_a, mn_a, d_a, dmin_a, tile, c0,
                      tl.minimum(c0 + per_a, chunks_a), sq_a, ss_a, sd_a, QTYPE_A, HI_A, W_A, G_A,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
-        rows = tile * ROWS + tl.arange(0, ROWS)
         if ROPE:
             last, y = tile_sums(part_a, tickets_a, y, rows, n_a, ROWS, SPLITS)
             if last:
-                store_qkv_rope(out_a, y, rows, n_a, pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr,
-                               row0, q_dim, kv_dim, rope_scale, rope_step, ROWS, HEAD_DIM,
-                               ROPE_DIM, HAS_FF, INTERPRETED)  # fmt: skip
+                store_qkv_rope(out_a, y, rows, n_a, cos, sin, slot_ptr, kc_ptr, vc_ptr, row0,
+                               q_dim, kv_dim, ROWS, HEAD_DIM, ROPE_DIM, INTERPRETED)  # fmt: skip
                 release_tile(tickets_a, SPLITS)
         else:
             finish_rows(out_a, part_a, tickets_a, y, rows, n_a, ROWS, SPLITS, 0)
     else:
         tile = (t - tiles_a).to(tl.int64)
         c0 = split * per_b
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        if ROPE:
+            cos, sin = qkv_angles(pos_ptr, ff_ptr, row0 + n_a, rows, rope_scale, rope_step, ROWS,
+                                  HEAD_DIM, ROPE_DIM, HAS_FF)  # fmt: skip
         y = row_sums(xq_b, xq_b, xd_b, xs_b, q_b, hi_b, sc_b, mn_b, d_b, dmin_b, tile, c0,
                      tl.minimum(c0 + per_b, chunks_b), sq_b, ss_b, sd_b, QTYPE_B, HI_B, W_B, G_B,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
-        rows = tile * ROWS + tl.arange(0, ROWS)
         # the tickets of program_id(0) are drawn: B's tile + tiles_a
         if ROPE:
             last, y = tile_sums(part_b, tickets_b - tiles_a, y, rows, n_b, ROWS, SPLITS)
             if last:
-                store_qkv_rope(out_b, y, rows, n_b, pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr,
-                               row0 + n_a, q_dim, kv_dim, rope_scale, rope_step, ROWS, HEAD_DIM,
-                               ROPE_DIM, HAS_FF, INTERPRETED)  # fmt: skip
+                store_qkv_rope(out_b, y, rows, n_b, cos, sin, slot_ptr, kc_ptr, vc_ptr,
+                               row0 + n_a, q_dim, kv_dim, ROWS, HEAD_DIM, ROPE_DIM,
+                               INTERPRETED)  # fmt: skip
                 release_tile(tickets_b - tiles_a, SPLITS)
         else:
             finish_rows(out_b, part_b, tickets_b - tiles_a, y, rows, n_b, ROWS, SPLITS, 0)

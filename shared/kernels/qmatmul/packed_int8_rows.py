@@ -36,7 +36,7 @@ from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch, scale_pair
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
-from shared.kernels.qmatmul.qkv_rope import no_rope_args, store_qkv_rope
+from shared.kernels.qmatmul.qkv_rope import no_rope_args, qkv_angles, store_qkv_rope
 from shared.kernels.qmatmul.split_tickets import finish_rows, release_tile, round_gated, tile_sums
 
 __all__ = [
@@ -286,15 +286,17 @@ def gemv_int8_rows_kernel(
     rows = tile * ROWS + tl.arange(0, ROWS)
     c0 = tl.program_id(1) * per_split
     c1 = tl.minimum(c0 + per_split, n_chunks)
+    if ROPE:
+        cos, sin = qkv_angles(pos_ptr, ff_ptr, row0, rows, rope_scale, rope_step, ROWS, HEAD_DIM,
+                              ROPE_DIM, HAS_FF)  # fmt: skip
     y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                  tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
                  PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
     if ROPE:
         last, y = tile_sums(part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS)
         if last:
-            store_qkv_rope(out_ptr, y, rows, N, pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr, row0,
-                           q_dim, kv_dim, rope_scale, rope_step, ROWS, HEAD_DIM, ROPE_DIM, HAS_FF,
-                           INTERPRETED)  # fmt: skip
+            store_qkv_rope(out_ptr, y, rows, N, cos, sin, slot_ptr, kc_ptr, vc_ptr, row0, q_dim,
+                           kv_dim, ROWS, HEAD_DIM, ROPE_DIM, INTERPRETED)  # fmt: skip
             release_tile(tickets_ptr, SPLITS)
     else:
         last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)

@@ -30,7 +30,7 @@ import triton.language as tl
 from shared.kernels.rope_kv import rope_cos_sin
 from shared.kernels.rounding import to_dtype
 
-__all__ = ["QKVRope", "no_rope_args", "store_qkv_rope"]
+__all__ = ["QKVRope", "no_rope_args", "qkv_angles", "store_qkv_rope"]
 
 _CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -107,16 +107,29 @@ def no_rope_args(out: torch.Tensor) -> tuple:
 
 
 @triton.jit
+def qkv_angles(pos_ptr, ff_ptr, row0, rows, scale, exponent_step, BLOCK_N: tl.constexpr,
+               HEAD_DIM: tl.constexpr, ROPE_DIM: tl.constexpr, HAS_FF: tl.constexpr):  # fmt: skip
+    """(cos, sin) of the tile's pairs ([BLOCK_N / 2]: rows row0 + rows, by twos), computed at
+    a program's start: the position is a step input, written before the step's first kernel,
+    so they overlap the kernel before (PDL) instead of delaying the tile's last program."""
+    ge, _ = tl.split(tl.reshape(row0 + rows, (BLOCK_N // 2, 2)))
+    pairs = ((ge % HEAD_DIM) // 2).to(tl.int32)  # q and k regions are whole heads
+    position = tl.load(pos_ptr)
+    return rope_cos_sin(position, ff_ptr, scale, exponent_step, pairs, pairs < ROPE_DIM // 2,
+                        HAS_FF)  # fmt: skip
+
+
+@triton.jit
 def store_qkv_rope(
     out_ptr,  # [N] in the output dtype: this weight's outputs (q rows rotated here)
     y,  # [BLOCK_N] float32: the tile's finished sums
     rows,  # [BLOCK_N] this weight's rows of the tile
     N,
-    pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr, row0, q_dim, kv_dim, scale, exponent_step,
+    cos, sin,  # [BLOCK_N / 2] the pairs' angles (qkv_angles)
+    slot_ptr, kc_ptr, vc_ptr, row0, q_dim, kv_dim,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     ROPE_DIM: tl.constexpr,
-    HAS_FF: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """A row tile's sums stored as q (rotated, into out), k (rotated) and v (into the caches
@@ -128,11 +141,7 @@ def store_qkv_rope(
     x1, x2 = tl.split(tl.reshape(yb, (BLOCK_N // 2, 2)))
     g = row0 + rows  # the rows' places in the fused Q/K/V rows
     ge, _ = tl.split(tl.reshape(g, (BLOCK_N // 2, 2)))
-    pairs = ((ge % HEAD_DIM) // 2).to(tl.int32)  # q and k regions are whole heads
-    position = tl.load(pos_ptr)
-    cos, sin = rope_cos_sin(position, ff_ptr, scale, exponent_step, pairs, pairs < ROPE_DIM // 2,
-                             HAS_FF)  # fmt: skip
-    turn = (pairs < ROPE_DIM // 2) & (ge < q_dim + kv_dim)  # not v rows, nor past rope_dim
+    turn = ((ge % HEAD_DIM) < ROPE_DIM) & (ge < q_dim + kv_dim)  # not v, nor past rope_dim
     o1 = tl.where(turn, x1 * cos - x2 * sin, x1)
     o2 = tl.where(turn, x1 * sin + x2 * cos, x2)
     o = tl.reshape(tl.join(o1, o2), (BLOCK_N,))

@@ -8,7 +8,8 @@
   bfloat16 and float32 caches; the split-K tickets are back at zero;
 - the paired launch (Q4_K_M's Q4_K q/k beside a Q6_K v) likewise;
 - ``SplitLinear.forward_rope`` runs it over interleaved parts and refuses what it cannot take
-  (a bias, rows that are not q/k/v, more than one token, an FP8 cache), leaving the caches alone.
+  (a bias, rows that are not q/k/v, more than one token, an FP8 cache, q in a type measured
+  slower with it), leaving the caches alone.
 
 Under TRITON_INTERPRET=1 the integer emulation runs; on a GPU the PTX."""
 
@@ -123,7 +124,7 @@ def test_the_paired_launch_takes_it_too(split: int) -> None:
     assert t.v_cache[2, 8].any() and not a.tickets.any() and not b.tickets.any()
 
 
-def _split_linear(bias: bool = False) -> SplitLinear:
+def _split_linear(bias: bool = False, q_type: T = T.Q4_K) -> SplitLinear:
     def part(qtype: T, n: int, seed: int) -> QuantLinear:
         raw = random_raw(qtype, n, K, seed=seed)
         lin = QuantLinear(raw, qtype, (n, K), torch.bfloat16, use_kernels=True)
@@ -132,7 +133,7 @@ def _split_linear(bias: bool = False) -> SplitLinear:
             lin.bias = torch.ones(n, dtype=torch.bfloat16, device=DEVICE)
         return lin
 
-    parts = [part(T.Q4_K, Q_DIM + KV_DIM, 4), part(T.Q6_K, KV_DIM, 5)]
+    parts = [part(q_type, Q_DIM + KV_DIM, 4), part(T.Q6_K, KV_DIM, 5)]
     return SplitLinear(parts, [Q_DIM, KV_DIM, KV_DIM])
 
 
@@ -153,6 +154,8 @@ def test_split_linear_forward_rope_refuses_what_it_cannot_take() -> None:
     t = _target(torch.bfloat16, 9, HEAD_DIM, False)
     assert _split_linear().forward_rope(x, None, t) is None  # two tokens
     assert _split_linear(bias=True).forward_rope(x[:1], None, t) is None
+    # q in Q6_K: measured slower with the epilogue on the H200 (linear.QKV_ROPE_SKIP_TYPES)
+    assert _split_linear(q_type=T.Q6_K).forward_rope(x[:1], None, t) is None
     other = QKVRope(t.positions, t.slot_mapping, t.k_cache, t.v_cache, N_HEADS - 1, 32, 1e4)
     assert _split_linear().forward_rope(x[:1], None, other) is None  # not q/k/v rows
     fp8 = torch.zeros(t.k_cache.shape, device=DEVICE).to(torch.float8_e4m3fn)

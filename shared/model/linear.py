@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from shared.kernels.device import interpreted
@@ -57,8 +58,11 @@ FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 _GEMV_MAX_M = 64
 # batch 1: two parts of a SplitLinear of different types in one launch (SplitLinear._paired)
 _PAIRED = True
-# batch 1: RoPE and the KV-cache write in the Q/K/V GEMV's epilogue (SplitLinear.forward_rope)
+# batch 1: RoPE and the KV-cache write in the Q/K/V GEMV's epilogue (SplitLinear.forward_rope),
+# except where q's weight is of these types: on the H200 W1 gained 1.6 % (Q4_K_M) and 2.1 %
+# (Q8_0) but Q6_K lost 1.1-1.9 % (its 6144-row launch; BENCHMARKS.md (aj), not explained)
 QKV_ROPE = True
+QKV_ROPE_SKIP_TYPES = (GGMLQuantizationType.Q6_K,)
 # decode batches of up to this many rows have their activations rounded to int8 ahead, by the
 # RMSNorm before the GEMVs (norm.add_rms_norm_int8), where the batch rows GEMV multiplies them
 # (packed_int8_rows_batch, 2-4 rows), as batch 1's rows GEMV has had since (w); 1: batch 1
@@ -251,6 +255,7 @@ class SplitLinear(nn.Module):
         if (
             not QKV_ROPE
             or x2.shape[0] != 1
+            or self.parts[0].qtype in QKV_ROPE_SKIP_TYPES
             or rope.refusal(x.dtype) is not None
             or sum(rows) != rope.q_dim + 2 * rope.kv_dim
             or rows[0] < rope.q_dim

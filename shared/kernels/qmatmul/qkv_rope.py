@@ -15,7 +15,9 @@ The values are the two launches': each sum is rounded to the output dtype as the
 it, rotated in float32 with the angles of ``rope_kv.rope_cos_sin`` and rounded as
 ``rope_and_write_kv`` rounds them (tests/test_kernel_qkv_rope.py). Where the epilogue does
 not apply the callers keep the two launches: the "neox" layout (a pair 64 rows apart), FP8
-caches (a scale per head spans four tiles), QK-norm, biases, and more than one token.
+caches (a scale per head spans four tiles), QK-norm, biases, more than one token, and q
+weights of a type it made slower on the H200 (Q6_K: ``linear.QKV_ROPE_SKIP_TYPES``).
+On the H200 W1 gained 1.6 % (Q4_K_M) and 2.1 % (Q8_0) with it (BENCHMARKS.md (aj)).
 """
 
 from __future__ import annotations

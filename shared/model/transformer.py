@@ -50,8 +50,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any."""
         cfg, n = self.cfg, x.shape[0]
-        q = k = v = None
-        rope = None
+        q = k = v = rope = None
         if self.q_norm is None:  # one token: RoPE and the KV write in the GEMV's epilogue
             rope = self.ops.qkv_rope(n, batch, kv, self.layer, self.rope, cfg.rope_neox,
                                      cfg.n_heads)  # fmt: skip

@@ -24,8 +24,8 @@ from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, maxnreg, row_sums
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
-from shared.kernels.qmatmul.qkv_rope import QKVRope, no_rope_args, qkv_angles, store_qkv_rope
-from shared.kernels.qmatmul.split_tickets import finish_rows, release_tile, tile_sums
+from shared.kernels.qmatmul.qkv_rope import QKVRope, finish_qkv_rope, no_rope_args, qkv_angles
+from shared.kernels.qmatmul.split_tickets import finish_rows
 
 __all__ = ["gemv_int8_pair_kernel", "pair_splits", "rows_gemv_pair"]
 
@@ -63,11 +63,9 @@ def gemv_int8_pair_kernel(
                      tl.minimum(c0 + per_a, chunks_a), sq_a, ss_a, sd_a, QTYPE_A, HI_A, W_A, G_A,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
         if ROPE:
-            last, y = tile_sums(part_a, tickets_a, y, rows, n_a, ROWS, SPLITS)
-            if last:
-                store_qkv_rope(out_a, y, rows, n_a, cos, sin, slot_ptr, kc_ptr, vc_ptr, row0,
-                               q_dim, kv_dim, ROWS, HEAD_DIM, ROPE_DIM, INTERPRETED)  # fmt: skip
-                release_tile(tickets_a, SPLITS)
+            finish_qkv_rope(out_a, part_a, tickets_a, y, rows, n_a, cos, sin, slot_ptr, kc_ptr,
+                            vc_ptr, row0, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM, ROPE_DIM,
+                            INTERPRETED)  # fmt: skip
         else:
             finish_rows(out_a, part_a, tickets_a, y, rows, n_a, ROWS, SPLITS, 0)
     else:
@@ -82,12 +80,9 @@ def gemv_int8_pair_kernel(
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
         # the tickets of program_id(0) are drawn: B's tile + tiles_a
         if ROPE:
-            last, y = tile_sums(part_b, tickets_b - tiles_a, y, rows, n_b, ROWS, SPLITS)
-            if last:
-                store_qkv_rope(out_b, y, rows, n_b, cos, sin, slot_ptr, kc_ptr, vc_ptr,
-                               row0 + n_a, q_dim, kv_dim, ROWS, HEAD_DIM, ROPE_DIM,
-                               INTERPRETED)  # fmt: skip
-                release_tile(tickets_b - tiles_a, SPLITS)
+            finish_qkv_rope(out_b, part_b, tickets_b - tiles_a, y, rows, n_b, cos, sin, slot_ptr,
+                            kc_ptr, vc_ptr, row0 + n_a, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM,
+                            ROPE_DIM, INTERPRETED)  # fmt: skip
         else:
             finish_rows(out_b, part_b, tickets_b - tiles_a, y, rows, n_b, ROWS, SPLITS, 0)
 

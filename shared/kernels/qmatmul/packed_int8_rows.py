@@ -36,8 +36,8 @@ from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch, scale_pair
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
-from shared.kernels.qmatmul.qkv_rope import no_rope_args, qkv_angles, store_qkv_rope
-from shared.kernels.qmatmul.split_tickets import finish_rows, release_tile, round_gated, tile_sums
+from shared.kernels.qmatmul.qkv_rope import finish_qkv_rope, no_rope_args, qkv_angles
+from shared.kernels.qmatmul.split_tickets import finish_rows, round_gated
 
 __all__ = [
     "CACHE_HINTS",
@@ -292,12 +292,10 @@ def gemv_int8_rows_kernel(
     y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                  tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
                  PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
-    if ROPE:
-        last, y = tile_sums(part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS)
-        if last:
-            store_qkv_rope(out_ptr, y, rows, N, cos, sin, slot_ptr, kc_ptr, vc_ptr, row0, q_dim,
-                           kv_dim, ROWS, HEAD_DIM, ROPE_DIM, INTERPRETED)  # fmt: skip
-            release_tile(tickets_ptr, SPLITS)
+    if ROPE:  # (no ACT: OUT_W is 0)
+        finish_qkv_rope(out_ptr, part_ptr, tickets_ptr, y, rows, N, cos, sin, slot_ptr, kc_ptr,
+                        vc_ptr, row0, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM, ROPE_DIM,
+                        INTERPRETED)  # fmt: skip
     else:
         last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
     if OUT_W > 0:  # noqa: SIM102 - a compile-time test around a runtime one

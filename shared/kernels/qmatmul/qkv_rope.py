@@ -29,12 +29,13 @@ import torch
 import triton
 import triton.language as tl
 
+from shared.kernels.qmatmul.split_tickets import release_tile, tile_sums
 from shared.kernels.rope_kv import rope_cos_sin
 from shared.kernels.rounding import to_dtype
 
-__all__ = ["QKVRope", "no_rope_args", "qkv_angles", "store_qkv_rope"]
+__all__ = ["QKVRope", "finish_qkv_rope", "no_rope_args", "qkv_angles"]
 
-_CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # outputs and caches
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,11 @@ class QKVRope:
     def refusal(self, dtype: torch.dtype) -> str | None:
         """Why the epilogue cannot take outputs of `dtype` for these caches, or None."""
         kc, vc = self.k_cache, self.v_cache
-        if kc.dtype not in _CACHE_DTYPES or vc.dtype != kc.dtype or vc.shape != kc.shape:
+        if kc.dtype not in _FLOAT_DTYPES or vc.dtype != kc.dtype or vc.shape != kc.shape:
             return f"caches {kc.dtype} {tuple(kc.shape)}, {vc.dtype} {tuple(vc.shape)}"
         if not (kc.is_contiguous() and vc.is_contiguous()):
             return "caches not contiguous"
-        if dtype not in _CACHE_DTYPES:
+        if dtype not in _FLOAT_DTYPES:
             return f"outputs {dtype}"
         if self.rope_dim % 2 or not 0 < self.rope_dim <= self.head_dim or self.head_dim % 2:
             return f"rope_dim {self.rope_dim} for head_dim {self.head_dim}"
@@ -160,3 +161,21 @@ def store_qkv_rope(
     tl.store(vc_ptr + base + (g - q_dim - kv_dim),
              to_dtype(o.to(tl.float32), cache_dtype, INTERPRETED),
              mask=kept & (g >= q_dim + kv_dim))  # fmt: skip
+
+
+@triton.jit
+def finish_qkv_rope(
+    out_ptr, part_ptr, tickets_ptr, y, rows, N,  # as split_tickets.finish_rows takes them
+    cos, sin, slot_ptr, kc_ptr, vc_ptr, row0, q_dim, kv_dim,  # as store_qkv_rope takes them
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    ROPE_DIM: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):  # fmt: skip
+    """split_tickets.finish_rows with this epilogue as the store (tickets of program_id(0))."""
+    last, acc = tile_sums(part_ptr, tickets_ptr, y, rows, N, BLOCK_N, SPLITS)
+    if last:
+        store_qkv_rope(out_ptr, acc, rows, N, cos, sin, slot_ptr, kc_ptr, vc_ptr, row0, q_dim,
+                       kv_dim, BLOCK_N, HEAD_DIM, ROPE_DIM, INTERPRETED)  # fmt: skip
+        release_tile(tickets_ptr, SPLITS)

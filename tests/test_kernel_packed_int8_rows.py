@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_int8_rows import CACHE_HINTS, ROWS_TYPES
-from shared.kernels.qmatmul.packed_matmul import packed_matmul
+from shared.kernels.qmatmul.packed_matmul import packed_matmul, wide_warps
 from shared.kernels.qmatmul.packed_rows import ROWS, deinterleave, interleave, unit
 from tests.test_kernel_packed_int8 import _layout, representable
 from tests.test_kernel_packed_matmul import random_raw
@@ -69,7 +69,7 @@ def _cfg(split: int, warps: int, **extra: int) -> dict:
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("split", "warps"), [(1, 1), (2, 2)])
+@pytest.mark.parametrize(("split", "warps"), [(1, 1), (2, 2), (1, 8), (1, 16)])
 def test_exact_activations_give_the_product(qtype: T, split: int, warps: int) -> None:
     n, k = 37, 1536  # a ragged row tile; 6 or 12 chunks, uneven per split and warp
     pw = interleave(_weight(qtype, n, k, seed=int(qtype) + split))
@@ -178,3 +178,16 @@ def test_batch_one_configs_of_other_kernels_take_the_rows_gemv() -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
     with pytest.raises(ValueError, match="interleaved"):
         packed_matmul(x.expand(2, -1), interleave(pw), config=cfg)
+
+
+def test_wide_programs_take_the_most_warps_that_fit_one_wave() -> None:
+    """packed_matmul.wide_warps on the H200's batch-1 Q4_K shapes at 72 registers (16 warps:
+    one program an SM, 8: three, 4: seven; 132 SMs)."""
+    slots = {16: 132, 8: 396, 4: 924}.__getitem__
+    assert wide_warps(128, 16, slots) == 16  # 4096 x 4096: one pass, unsplit
+    assert wide_warps(192, 16, slots) == 8  # 6144 x 4096 (q/k/v): two passes of 8 chunks
+    assert wide_warps(128, 56, slots) == 16  # 4096 x 14336 (down)
+    assert wide_warps(896, 16, slots) is None  # 28672 x 4096: four-warp programs already
+    assert wide_warps(128, 56, slots, whole=True) is None  # more chunks than warps
+    assert wide_warps(192, 16, slots, whole=True) is None  # 16 warps do not fit one wave
+    assert wide_warps(32, 4, slots) is None  # fewer chunks than the fewest warps

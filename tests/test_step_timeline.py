@@ -32,3 +32,20 @@ def test_charges_add_up_to_the_span_with_overlap_gaps_and_host_time():
     assert rows["norm (1, 1, 1)"][2] == 2.0
     assert rows["tiny (1, 1, 1)"][2] == 0.0
     assert rows["attn (1, 1, 1)"][2:] == [6.0, 0.0]
+
+
+def test_sequence_lists_starts_against_the_frontier(tmp_path, capsys):
+    import gzip
+    import json
+
+    from tools.step_timeline import load, sequence
+
+    trace = {"traceEvents": [_k("a", 0.0, 10.0), _k("b", 8.0, 4.0), _k("c", 13.0, 1.0)]}
+    path = tmp_path / "t.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    sequence(kernels(load(path)), 1, 2)
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[:4] for line in lines] == [
+        ["0.00", "4.00", "4.00", "-2.00"],  # b began 2 µs before a ended
+        ["5.00", "6.00", "1.00", "1.00"],  # c 1 µs after b ended
+    ]

@@ -29,6 +29,9 @@ rounded to int8 by the batch rows GEMV's own launch instead of by the RMSNorm ah
 split by ``batch_split``'s warps an SM instead of one wave of programs as its registers allow,
 ``BATCH_WAVE`` off, as before (aj); with ``--batch``); ``rope-apart`` (batch 1's RoPE and KV
 write in a launch of their own after the Q/K/V GEMV, ``linear.QKV_ROPE`` off, as before (aj)).
+Two switch a choice on that is off by default: ``wide-whole`` (``packed_matmul.WIDE_ROWS`` 1:
+unsplit batch-1 rows GEMVs of up to 16 warps where a program loads all its chunks at once) and
+``wide`` (``WIDE_ROWS`` 2: wherever the unsplit row tiles fit one wave).
 """
 
 from __future__ import annotations
@@ -125,6 +128,8 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "round-ahead-off": (_off("shared.model.linear", "ROUND_AHEAD_ROWS", 1),),
     "rope-apart": (_off("shared.model.linear", "QKV_ROPE", False),),
     "batch-wave-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_WAVE", False),),
+    "wide-whole": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", 1),),
+    "wide": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", 2),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

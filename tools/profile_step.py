@@ -1,7 +1,7 @@
 """Where a decode step's time goes: C sequences decoding together through the engine (no HTTP).
 
     python -m tools.profile_step MODEL.gguf [--concurrency 64] [--prompt 512] [--steps 20]
-        [--dense-copies auto|on|off] [--timeline]
+        [--dense-copies auto|on|off] [--timeline [--trace OUT.json.gz]] [--variant NAME]
 
 Builds the engine as the server does (CUDA graphs, paged KV), admits C random prompts, steps
 until every sequence decodes, then times `--steps` decode-only steps by wall clock and
@@ -9,7 +9,9 @@ profiles a few more with torch.profiler: the step time, and the kernels with the
 time per step (graph replays included where CUPTI records them). Then one mixed step (a
 512-token prompt chunk beside the C decodes). ``--timeline``: the engine's steps overlapped (as
 the server and W1 run them) and the profiled decode steps charged kernel by kernel on the
-device's timeline (``tools.step_timeline``: exposed run time, launch gaps, host gaps). Prints
+device's timeline (``tools.step_timeline``: exposed run time, launch gaps, host gaps);
+``--trace`` also keeps that profile's chrome trace (gzipped) for ``step_timeline --sequence``.
+``--variant``: one of ``tools.ab_w1``'s variants, entered before the engine is built. Prints
 text; it is a benchmark, not a test.
 """
 
@@ -45,7 +47,8 @@ def _top(prof, steps: int, rows: int) -> None:
         )
 
 
-def _timeline(engine, rows: int, n: int = 20) -> None:
+def _timeline(engine, rows: int, n: int = 20, keep: Path | None = None) -> None:
+    import gzip
     import json
     import tempfile
 
@@ -61,6 +64,8 @@ def _timeline(engine, rows: int, n: int = 20) -> None:
         path = Path(d) / "trace.json"
         prof.export_chrome_trace(str(path))
         trace = json.loads(path.read_text())
+        if keep is not None:
+            keep.write_bytes(gzip.compress(path.read_bytes()))
     print(f"timeline of {n} overlapped decode steps:")
     report(trace, n, rows)
 
@@ -75,7 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dense-copies", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--timeline", action="store_true")
+    p.add_argument("--trace", type=Path, default=None)
+    p.add_argument("--variant", default="default")
     a = p.parse_args(argv)
+    from contextlib import ExitStack
+
+    from tools.ab_w1 import enter_variant
+
+    with ExitStack() as stack:
+        enter_variant(stack, a.variant)
+        return _run(a)
+
+
+def _run(a: argparse.Namespace) -> int:
     from shared.engine import Sequence
     from shared.engine.factory import EngineConfig, build_engine
     from shared.sampling import SamplingParams
@@ -121,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             _step(engine)
     _top(prof, n, a.rows)
     if a.timeline:
-        _timeline(engine, a.rows)
+        _timeline(engine, a.rows, keep=a.trace)
         return 0
     engine.add(Sequence(c, prompt(), params, gen, frozenset(), None))
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -1,6 +1,6 @@
 """Where decode steps' wall clock goes, kernel by kernel, from a torch.profiler chrome trace.
 
-    python -m tools.step_timeline TRACE.json --steps N [--rows 30]
+    python -m tools.step_timeline TRACE.json[.gz] --steps N [--rows 30] [--sequence FROM:COUNT]
 
 Kernels are taken in start order. Each one is charged the time by which it moved the end of
 the work done so far: ``max(0, end - frontier)``, where the frontier is the latest end of the
@@ -11,11 +11,15 @@ gap before the kernel started (``start - frontier`` when positive: launch latenc
 and its exposed run time. Rows are kernel name and grid (the grid tells the GEMV shapes
 apart); copies and memsets count as work; gaps of 20 µs or more are counted apart as host
 time between steps, and the longest idle stretches are listed with their neighbours.
+``--sequence FROM:COUNT`` lists COUNT kernels from the FROM-th one by one instead: start and
+end against the first one's start, run time, and the start against the frontier (negative:
+it started that long before the work ahead of it ended, as PDL launches do).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -102,13 +106,43 @@ def report(trace: dict, steps: int, top: int = 30) -> None:
         print(f"  {gap:8.1f}  {before}  ->  {after}")
 
 
+def sequence(ks: list[dict], first: int, count: int) -> None:
+    """Kernels first .. first + count - 1 one by one (µs): start, end, run time, start minus
+    the frontier of the kernels before it."""
+    window = ks[first : first + count]
+    if not window:
+        return
+    t0 = window[0]["ts"]
+    frontier = max((e["ts"] + e["dur"] for e in ks[:first]), default=t0)
+    print("   start     end     run  vs frontier  kernel (grid)")
+    for e in window:
+        start, end = e["ts"], e["ts"] + e["dur"]
+        print(
+            f"  {start - t0:7.2f} {end - t0:7.2f} {e['dur']:7.2f} {start - frontier:12.2f}  "
+            f"{_key(e)}"
+        )
+        frontier = max(frontier, end)
+
+
+def load(path: Path) -> dict:
+    """A chrome trace, gzipped (.gz) or not."""
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trace", type=Path)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--rows", type=int, default=30)
+    p.add_argument("--sequence", default=None, help="FROM:COUNT kernels one by one")
     a = p.parse_args(argv)
-    report(json.loads(a.trace.read_text()), a.steps, a.rows)
+    trace = load(a.trace)
+    if a.sequence:
+        first, count = (int(v) for v in a.sequence.split(":"))
+        sequence(kernels(trace), first, count)
+        return 0
+    report(trace, a.steps, a.rows)
     return 0
 
 

@@ -40,11 +40,13 @@ def test_auto_split_for_long_decode(monkeypatch: pytest.MonkeyPatch) -> None:
     out = run_kernel(decode, 0.125, max_seq_len=16384)  # a 16k-key hint: worth splitting
     assert chosen == [16]
     assert_close(out, reference(decode, 0.125), TOL[F32])
-    run_kernel(decode, 0.125, max_seq_len=100)  # under two key tiles: no split
+    run_kernel(decode, 0.125, max_seq_len=64)  # one key tile: no split
     assert chosen[-1] == 1
+    run_kernel(decode, 0.125, max_seq_len=100)  # two tiles, the second partial: one a slice
+    assert chosen[-1] == 2
     prefill = make_batch([3, 1], [70, 33], n_heads=4, n_kv_heads=1, head_dim=64)
     run_kernel(prefill, 0.125, max_seq_len=4096)  # not a decode batch: no heuristic
-    assert len(chosen) == 2
+    assert len(chosen) == 3
 
 
 def test_default_num_splits() -> None:
@@ -54,12 +56,14 @@ def test_default_num_splits() -> None:
     assert pa.default_num_splits(64, 8, 4096, 132) == 1  # 512 programs fill the GPU already
     assert pa.default_num_splits(16, 8, 1024, 132) == 1  # measured: splitting 1k lost 2x
     # batches of under num_sms / 2 programs: the H200's graph-replayed best at 512-4096 keys
-    assert pa.default_num_splits(1, 8, 656, 132) == 10  # one 64-key tile a slice
+    assert pa.default_num_splits(1, 8, 656, 132) == 11  # one 64-key tile a slice, 11 of them
+    assert pa.default_num_splits(1, 8, 513, 132) == 9  # the ninth tile holds one key
     assert pa.default_num_splits(2, 8, 4096, 132) == 16
     assert pa.default_num_splits(4, 8, 4096, 132) == 8
     assert pa.default_num_splits(8, 8, 34000, 132) == 4
-    assert pa.default_num_splits(1, 8, 100, 132) == 1
-    assert pa.default_num_splits(1, 8, 656, 132, tile_keys=128) == 5  # one 128-key tile a slice
+    assert pa.default_num_splits(1, 8, 100, 132) == 2
+    assert pa.default_num_splits(1, 8, 64, 132) == 1
+    assert pa.default_num_splits(1, 8, 656, 132, tile_keys=128) == 6  # one 128-key tile a slice
     assert pa.default_num_splits(1, 8, 32768, 132, tile_keys=128) == 32
 
 

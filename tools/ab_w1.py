@@ -29,9 +29,10 @@ rounded to int8 by the batch rows GEMV's own launch instead of by the RMSNorm ah
 split by ``batch_split``'s warps an SM instead of one wave of programs as its registers allow,
 ``BATCH_WAVE`` off, as before (aj); with ``--batch``); ``rope-apart`` (batch 1's RoPE and KV
 write in a launch of their own after the Q/K/V GEMV, ``linear.QKV_ROPE`` off, as before (aj)).
-Two switch a choice on that is off by default: ``wide-whole`` (``packed_matmul.WIDE_ROWS`` 1:
-unsplit batch-1 rows GEMVs of up to 16 warps where a program loads all its chunks at once) and
-``wide`` (``WIDE_ROWS`` 2: wherever the unsplit row tiles fit one wave).
+``splits-floor`` (a decode graph's attention slices from the context's whole key tiles, the
+last partial one not counted, as before (ak)); ``wide-off`` (batch-1 rows GEMVs of one pass
+split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-72`` (those
+programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split).
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ def _torch_argmax(x):
     return x.argmax(dim=-1)
 
 
+def _floor_splits(seqs: int, heads: int, max_kv_len: int, sms: int, tile_keys: int = 64) -> int:
+    """default_num_splits counting whole key tiles only, as before (ak)."""
+    from shared.kernels.attention_plan import default_num_splits
+
+    return default_num_splits(seqs, heads, max_kv_len // tile_keys * tile_keys, sms, tile_keys)
+
+
 def _off(module: str, name: str, value) -> Callable[[], object]:
     """A patch of module.name, imported when entered (the engine's modules load lazily)."""
     return lambda: _patched(importlib.import_module(module), name, value)
@@ -128,8 +136,15 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "round-ahead-off": (_off("shared.model.linear", "ROUND_AHEAD_ROWS", 1),),
     "rope-apart": (_off("shared.model.linear", "QKV_ROPE", False),),
     "batch-wave-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_WAVE", False),),
-    "wide-whole": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", 1),),
-    "wide": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", 2),),
+    "splits-floor": (
+        lambda: _patched(
+            importlib.import_module("shared.engine.cuda_graphs"),
+            "default_num_splits",
+            _floor_splits,
+        ),
+    ),
+    "wide-off": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", False),),
+    "wide-72": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 72),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

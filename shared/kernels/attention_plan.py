@@ -120,13 +120,17 @@ def default_num_splits(
     leaves the GPU idle while each program walks a long context alone. Split until there are about
     2 * num_sms programs, keeping at least _SPLIT_MIN_KEYS keys per slice, at most _MAX_SPLITS.
     Batches of fewer than num_sms / 2 programs (batch 1-8 of a GQA model) split down to one key
-    tile (tile_keys: decode_tile_keys) a slice, by a power of two at or under 2 * num_sms
+    tile (tile_keys: decode_tile_keys) a slice, the last partial tile counted, by a power of
+    two at or under 2 * num_sms
     programs (the H200's best: 32 at batch 1, 16 at 2, 8 at 4, 4 at 8).
     """
     programs = max(1, num_seqs * n_kv_heads)
     if 2 * programs <= num_sms:
         by_occupancy = 1 << ((2 * num_sms // programs).bit_length() - 1)
-        by_length = max_kv_len // tile_keys
+        # every key tile, the last partial one too: by floor, 513-575 keys at batch 1 took 8
+        # slices for 9 tiles, and the first slice walked two (decode graphs: the 8-slice
+        # graph for half of W1's steps; its attention ran 8.1 us a layer against 5.5 for 16)
+        by_length = -(-max_kv_len // tile_keys)
     else:
         by_occupancy = -(-2 * num_sms // programs)
         by_length = max_kv_len // _SPLIT_MIN_KEYS

@@ -294,7 +294,7 @@ class SplitLinear(nn.Module):
         cfg = a.matmul_args(x2)["config"] or default_config(
             1, a.shape[0], a.shape[1], x.device, a.packed.qtype, dtype=x.dtype
         )
-        cfg, splits = rows_plan(a.packed, cfg)
+        cfg, splits = rows_plan(a.packed, cfg, pair=b.packed)
         splits = pair_splits(a.packed, b.packed, splits)
         if splits is None:
             return None

@@ -126,7 +126,9 @@ def rows_gemv_pair(
     fa = {f"{k}_A": v for k, v in fields(a).items()}
     fb = {f"{k}_B": v for k, v in fields(b).items()}
     warps = cfg.get("num_warps", 4)
-    regs = maxnreg(a.qtype) if maxnreg(a.qtype) == maxnreg(b.qtype) else None
+    regs = cfg.get("MAXNREG") or (
+        maxnreg(a.qtype) if maxnreg(a.qtype) == maxnreg(b.qtype) else None
+    )
     early = pdl(x.device, gemv_int8_pair_kernel)
     rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(out_a)
     gemv_int8_pair_kernel[(tiles_a + tiles_b, splits)](

@@ -308,7 +308,8 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
                      int8=None, out_int8=None, rope=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
     partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg:
-    num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's; int8: x rounded for
+    num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's, MAXNREG (a register
+    cap other than maxnreg's); int8: x rounded for
     pw's layout already (xq, xd, xs, e.g. by the RMSNorm that made it: norm.add_rms_norm_int8),
     else a launch rounds it (or the GEMV itself, with QX); out_int8: with act, (xq, xd, xs, W,
     G) buffers the gated outputs are rounded into for the next GEMV (W 16 or 32); rope:
@@ -331,5 +332,5 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        num_warps=warps, maxnreg=maxnreg(pw.qtype), **launch_kw(early),
+        num_warps=warps, maxnreg=cfg.get("MAXNREG") or maxnreg(pw.qtype), **launch_kw(early),
     )  # fmt: skip

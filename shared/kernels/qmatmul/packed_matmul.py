@@ -44,7 +44,7 @@ from shared.kernels.qmatmul.packed_gemm_first import launch_gemm_first
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_gemv_plain import gemv_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
-from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows, maxnreg
+from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows
 from shared.kernels.qmatmul.packed_int8_rows_batch import (
     batch_config,
     launch_int8_rows_batch,
@@ -224,50 +224,56 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None,
                      out_int8, rope)  # fmt: skip
 
 
-def rows_plan(pw: PackedWeight, cfg: dict) -> tuple[dict, int]:
+def rows_plan(pw: PackedWeight, cfg: dict, pair: PackedWeight | None = None) -> tuple[dict, int]:
     """The rows GEMV's (config, split count) for pw from a resolved config: a config of
-    another kernel (no ``ROWS`` key: an untuned shape) takes ``wide_plan``'s programs where
-    WIDE_ROWS allows them, else 4 warps; the split is ``SPLIT_K`` or ``default_rows_split``."""
+    another kernel (no ``ROWS`` key: an untuned shape) takes ``wide_plan``'s unsplit programs
+    where they fit (pair: a second weight in the same launch, ``packed_int8_pair``), else 4
+    warps; the split is ``SPLIT_K`` or ``default_rows_split``."""
     if not cfg.get("ROWS"):
-        wide = wide_plan(pw) if WIDE_ROWS else None
-        if wide is not None:  # the next chunks requested before these multiply, if any
-            more = wide < pw.shape[1] // CHUNK[pw.qtype]
-            return {"ROWS": 1, "num_warps": wide, "PREFETCH": int(more)}, 1
+        wide = wide_plan(pw, pair) if WIDE_ROWS else None
+        if wide is not None:
+            return {"ROWS": 1, "num_warps": wide, "MAXNREG": WIDE_MAXNREG}, 1
         cfg = {"ROWS": 1, "num_warps": 4}
     return cfg, cfg.get("SPLIT_K") or default_rows_split(pw)
 
 
-# untuned batch-1 rows GEMVs: 0 the 4-warp programs of default_rows_split; 1 wide_plan's
-# unsplit programs where they load all their chunks at once (a 4096-column Q4_K / Q6_K weight:
-# the output projection); 2 wide_plan's wherever the row tiles fit one wave
-WIDE_ROWS = 0
-_WIDE_WARPS = (16, 8)
+# untuned batch-1 rows GEMVs whose programs can load all their chunks at once run unsplit
+# (wide_plan), capped at WIDE_MAXNREG registers a thread: two 16-warp programs an SM, so the
+# 192 row tiles of Llama-3-8B's fused Q/K/V fit one wave too (sm_90: every int8 type compiles
+# one pass of 16 chunks at 64 without spills; tools/kernel_sass). H200, W1 Q4_K_M
+# (BENCHMARKS.md 2026-12-02 (ak)): the 4096 x 4096 output projection in 128 programs of 16
+# warps at 72 registers, +1.0 %; unsplit programs that walk their chunks in two or more
+# passes (Q/K/V in 8 warps, down in 16) lost 4.4 % with it
+WIDE_ROWS = True
+WIDE_MAXNREG = 64
+_WIDE_WARPS = (8, 16)
 
 
-def wide_plan(pw: PackedWeight) -> int | None:
-    """Warps a program for an unsplit batch-1 rows GEMV of pw on its CUDA device
-    (``wide_warps`` at the kernel's register cap); None off CUDA."""
+def wide_plan(pw: PackedWeight, pair: PackedWeight | None = None) -> int | None:
+    """Warps a program for an unsplit batch-1 rows GEMV of pw (and pair, in the same launch:
+    of the same chunk count) on its CUDA device (``wide_warps`` at WIDE_MAXNREG registers);
+    None off CUDA."""
     if pw.q.device.type != "cuda":
         return None
-    regs, sms = maxnreg(pw.qtype) or 80, num_sms(pw.q.device)
+    weights = (pw,) if pair is None else (pw, pair)
+    chunks = {w.shape[1] // CHUNK[w.qtype] for w in weights}
+    if len(chunks) != 1:
+        return None
+    sms = num_sms(pw.q.device)
     return wide_warps(
-        triton.cdiv(pw.shape[0], ROWS),
-        pw.shape[1] // CHUNK[pw.qtype],
-        lambda warps: resident_programs(pw.q.device, regs, warps, 128 * warps) * sms,
-        whole=WIDE_ROWS == 1,
+        sum(triton.cdiv(w.shape[0], ROWS) for w in weights),
+        chunks.pop(),
+        lambda warps: resident_programs(pw.q.device, WIDE_MAXNREG, warps, 128 * warps) * sms,
     )
 
 
-def wide_warps(tiles: int, n_chunks: int, slots, whole: bool = False) -> int | None:
-    """The most of _WIDE_WARPS warps a program (one chunk each in flight), at most n_chunks,
-    at which all `tiles` row tiles' programs are resident at once (slots(warps): programs the
-    device holds), so that the GEMV needs no split-K partials and tickets; whole: only where
-    one program's warps load all its chunks at once. None where no count fits."""
-    for warps in _WIDE_WARPS:
-        if warps > n_chunks or (whole and warps < n_chunks):
-            continue
-        if tiles <= slots(warps):
-            return warps
+def wide_warps(tiles: int, n_chunks: int, slots) -> int | None:
+    """n_chunks warps a program (a chunk each, all requested before the program waits for its
+    activations) where that count is one of _WIDE_WARPS and all `tiles` row tiles' programs
+    are resident at once (slots(warps): the programs the device holds), so that the GEMV
+    needs no split-K partials and tickets; else None."""
+    if n_chunks in _WIDE_WARPS and tiles <= slots(n_chunks):
+        return n_chunks
     return None
 
 

@@ -111,16 +111,12 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
             consts |= {"ROPE": True, "HAS_FF": True}
         args = [x, xq, xd, xs, *_planes(pw), *split, xq, xd, xs, *rope, n, chunks, chunks // 2]
         args += strides
-        # gemv-r8w: two passes requested before the wait (PREFETCH 2, the multi-pass default)
-        pre = 2 if kind == "gemv-r8w" else True
-        consts |= {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": pre, "ACT": act, "PDL": True}
+        consts |= {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}
         # with the activation: its outputs also rounded for the next GEMV (round_gated)
         consts |= {"OUT_W": 32 if act else 0, "OUT_G": 8}
         # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
         # (the default; r8r too) and r8s (scales too), .cg for r8c
-        hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3, "gemv-r8r": 1, "gemv-r8w": 1}.get(
-            kind, 0
-        )
+        hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3, "gemv-r8r": 1}.get(kind, 0)
         consts["CM"], consts["EP"], consts["SEP"] = ir.CACHE_HINTS[hint]
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemv-rb":  # M activation rows in one program (packed_int8_rows_batch)
@@ -203,7 +199,7 @@ def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: 
     if kind.startswith("gemv-r8"):  # as launch_int8_rows launches it
         from shared.kernels.qmatmul.packed_int8_rows import maxnreg
 
-        options["maxnreg"] = maxnreg(qtype) or (72 if kind == "gemv-r8w" else None)
+        options["maxnreg"] = maxnreg(qtype)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
@@ -306,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
              ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8e", 1, 4), ("gemv-r8c", 1, 4),
-             ("gemv-r8s", 1, 4), ("gemv-r8r", 1, 4), ("gemv-r8w", 1, 4), ("gemv-rb", 2, 4),
-             ("gemv-rb", 4, 4),
+             ("gemv-r8s", 1, 4), ("gemv-r8r", 1, 4), ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
              ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4),
@@ -341,7 +336,6 @@ def main(argv: list[str] | None = None) -> int:
                 "gemv-r8c": 128,
                 "gemv-r8s": 128,
                 "gemv-r8r": 128,
-                "gemv-r8w": 128,
                 "gemv-rb": 128,
                 "gemm-first": 64,
                 "gemm-first-r32": 64,

@@ -21,13 +21,7 @@ import triton.language as tl
 from shared.kernels.gdc import launch_kw, launch_next, pdl
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import (
-    ROWS,
-    cache_hints,
-    maxnreg,
-    prefetch_mode,
-    row_sums,
-)
+from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, maxnreg, row_sums
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.qkv_rope import QKVRope, finish_qkv_rope, no_rope_args, qkv_angles
@@ -141,7 +135,7 @@ def rows_gemv_pair(
         *int8_a, *planes(a), *targets_a, *int8_b, *planes(b), *targets_b, *rope_args,
         a.shape[0], b.shape[0], tiles_a, chunks_a, chunks_b, per_a, per_b,
         *strides(a), *strides(b), **fa, **fb, KW=warps, SPLITS=splits,
-        PREFETCH=prefetch_mode(cfg), PDL=early, INTERPRETED=interp,
+        PREFETCH=bool(cfg.get("PREFETCH")), PDL=early, INTERPRETED=interp,
         CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}), num_warps=warps,
         maxnreg=regs, **launch_kw(early),
     )  # fmt: skip

@@ -47,7 +47,6 @@ __all__ = [
     "gemv_int8_rows_kernel",
     "launch_int8_rows",
     "maxnreg",
-    "prefetch_mode",
     "row_sums",
 ]
 
@@ -238,7 +237,7 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
             cur = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
                         stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
-    elif PREFETCH == 1:
+    else:
         cur = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
                     stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
         wait_prev(PDL)
@@ -248,27 +247,6 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
                         c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
             cur = nxt
-    else:
-        # PREFETCH 2: two passes requested before wait_prev; after the first is multiplied,
-        # PREFETCH 1's loop (one pass carried, the next requested before multiplying it: two
-        # carried spilled at 72 registers, sm_90), none requested past the last pass. A
-        # program of one pass multiplies a second of chunks past c1 (their activation scales
-        # load as zero).
-        cur = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
-                    stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
-        nxt = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0 + KW, c1,
-                    stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
-        wait_prev(PDL)
-        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
-        acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
-        cur = nxt
-        last = c0 + tl.maximum(tl.cdiv(c1 - c0, KW) - 1, 1) * KW  # the last pass's first chunk
-        for cb in range(c0 + KW, last, KW):
-            nxt = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb + KW,
-                        c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
-            acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
-            cur = nxt
-        acc = _compute(acc, last, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
     return tl.sum(acc, axis=1)
 
 
@@ -288,8 +266,7 @@ def gemv_int8_rows_kernel(
     G: tl.constexpr,  # fields (sub-blocks) per word
     KW: tl.constexpr,  # chunks in flight (one a warp with num_warps = KW)
     SPLITS: tl.constexpr,  # programs along K (program_id(1)); the last one of a tile adds them
-    PREFETCH: tl.constexpr,  # 1: request the next KW chunks before multiplying these; 2: two
-    # passes before wait_prev, then as 1 (row_sums)
+    PREFETCH: tl.constexpr,  # request the next KW chunks before multiplying these
     QX: tl.constexpr,  # round this split's activation chunks here (no launch of their own)
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
     PDL: tl.constexpr,  # launched early (gdc): the first chunks load before wait_prev
@@ -327,13 +304,6 @@ def gemv_int8_rows_kernel(
                         OUT_W, OUT_G)  # fmt: skip
 
 
-def prefetch_mode(cfg: dict) -> bool | int:
-    """The config's PREFETCH as the kernel takes it: 2, or a bool (the compiled kernels of
-    PREFETCH 0 and 1 keep their cache keys)."""
-    pre = cfg.get("PREFETCH", 0)
-    return pre if pre == 2 else bool(pre)
-
-
 def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp,
                      int8=None, out_int8=None, rope=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
@@ -360,7 +330,7 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     gemv_int8_rows_kernel[grid](
         x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, *rope_args, pw.shape[0], n_chunks,
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
-        PREFETCH=prefetch_mode(cfg), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
+        PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
         num_warps=warps, maxnreg=cfg.get("MAXNREG") or maxnreg(pw.qtype), **launch_kw(early),
     )  # fmt: skip

@@ -44,7 +44,7 @@ from shared.kernels.qmatmul.packed_gemm_first import launch_gemm_first
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_gemv_plain import gemv_kernel
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
-from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows, maxnreg
+from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows
 from shared.kernels.qmatmul.packed_int8_rows_batch import (
     batch_config,
     launch_int8_rows_batch,
@@ -228,27 +228,13 @@ def rows_plan(pw: PackedWeight, cfg: dict, pair: PackedWeight | None = None) -> 
     """The rows GEMV's (config, split count) for pw from a resolved config: a config of
     another kernel (no ``ROWS`` key: an untuned shape) takes ``wide_plan``'s unsplit programs
     where they fit (pair: a second weight in the same launch, ``packed_int8_pair``), else 4
-    warps at ``default_rows_split``'s split, PRE_WAIT's prefetch where a program walks two
-    passes or more; a rows config's split is its ``SPLIT_K`` or ``default_rows_split``."""
+    warps; the split is ``SPLIT_K`` or ``default_rows_split``."""
     if not cfg.get("ROWS"):
         wide = wide_plan(pw, pair) if WIDE_ROWS else None
         if wide is not None:
             return {"ROWS": 1, "num_warps": wide, "MAXNREG": WIDE_MAXNREG}, 1
-        splits = default_rows_split(pw)
-        passes = triton.cdiv(triton.cdiv(pw.shape[1] // CHUNK[pw.qtype], splits), 4)
-        if passes > 1 and PRE_WAIT:
-            # Q8_0 without a cap took 148 registers with PREFETCH 2 (sm_90, kernel_sass)
-            cap = maxnreg(pw.qtype) or 72
-            return {"ROWS": 1, "num_warps": 4, "PREFETCH": PRE_WAIT, "MAXNREG": cap}, splits
-        return {"ROWS": 1, "num_warps": 4}, splits
+        cfg = {"ROWS": 1, "num_warps": 4}
     return cfg, cfg.get("SPLIT_K") or default_rows_split(pw)
-
-
-# untuned batch-1 rows GEMVs of two or more passes: PREFETCH 2 (their first two passes of
-# weights requested before the wait for the previous kernel, packed_int8_rows.row_sums; its
-# Q4_K and Q8_0 loops spill at 72 registers on sm_90), 1 or 0 (none: the default until
-# measured)
-PRE_WAIT = 0
 
 
 # untuned batch-1 rows GEMVs whose programs can load all their chunks at once run unsplit

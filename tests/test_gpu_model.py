@@ -152,8 +152,8 @@ def test_cuda_graph_decode_split_count_follows_the_context(
 ) -> None:
     """Decode buckets are captured at several attention slice counts (at batch 1: those of 512
     and 1024 keys, one key tile a slice) and a step replays the graph of the fewest slices not
-    below its own rule's: under 192 keys (at most 2 slices) the bucket's fewest; the tokens
-    are eager's (test_cuda_graph_decode_matches_eager)."""
+    below its own rule's: up to 192 keys (at most 3 slices, the last tile partial) the
+    bucket's fewest; the tokens are eager's (test_cuda_graph_decode_matches_eager)."""
     import shared.engine.cuda_graphs as cg
 
     seen: list[tuple[list, int, object]] = []
@@ -166,7 +166,7 @@ def test_cuda_graph_decode_split_count_follows_the_context(
     monkeypatch.setattr(cg, "pick_decode_graph", spy)
     _, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=512)
     assert len(seen) == replays["decode"] > 5
-    assert all(want <= 2 and got == graphs[0] for graphs, want, got in seen)
+    assert all(want <= 3 and got == graphs[0] for graphs, want, got in seen)
     assert any(len(graphs) > 1 for graphs, _, _ in seen)
 
 

@@ -78,10 +78,11 @@ case " $STAGES " in *" w6 "*)  # W6: decode at 32k context, bf16 / FP8 per-token
   done ;;
 esac
 case " $STAGES " in *" ab "*)  # W1 A/B in one process (tools/ab_w1.py); AB_VARIANTS for each type
+  # (AB_VARIANTS_<type>, e.g. AB_VARIANTS_q4_k_m=default, for one type)
   models 2>&1
   # the models first: AB_ARGS may end in a list option (--batch 1 4 8) that would swallow them
-  timeout ${AB_S:-300} python3 -m tools.ab_w1 $(for t in $TYPES; do
-    echo /tmp/l3-$t.gguf:${AB_VARIANTS:-default,norm-off}; done) --rounds ${AB_ROUNDS:-2} ${AB_ARGS:-} \
+  timeout ${AB_S:-300} python3 -m tools.ab_w1 $(for t in $TYPES; do v=AB_VARIANTS_$t
+    echo /tmp/l3-$t.gguf:${!v:-${AB_VARIANTS:-default,norm-off}}; done) --rounds ${AB_ROUNDS:-2} ${AB_ARGS:-} \
     2>&1 | tee "$OUT/ab.log" \
     | grep '^{' > "$OUT/ab.jsonl" ;;  # ab.log keeps the tracebacks (one call lost its A/B unseen)
 esac

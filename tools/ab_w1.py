@@ -32,9 +32,7 @@ write in a launch of their own after the Q/K/V GEMV, ``linear.QKV_ROPE`` off, as
 ``splits-floor`` (a decode graph's attention slices from the context's whole key tiles, the
 last partial one not counted, as before (ak)); ``wide-off`` (batch-1 rows GEMVs of one pass
 split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-72`` (those
-programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split);
-``norm-tail-off`` (batch 1's add + RMSNorm after the output projection a launch of its own,
-``ops_backend.NORM_TAIL`` off, as before (al)).
+programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split).
 """
 
 from __future__ import annotations
@@ -146,7 +144,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
         ),
     ),
     "wide-off": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", False),),
-    "norm-tail-off": (_off("shared.model.ops_backend", "NORM_TAIL", False),),
     "wide-72": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 72),),
     "qkv-unfused": (
         lambda: _patched(

@@ -109,24 +109,14 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
             pos, cache = torch.zeros(1, dtype=torch.int64), torch.empty(8, dtype=torch.bfloat16)
             rope = (pos, pos, cache, cache, torch.empty(64), 0, 4096, 1024, 1.0, -0.3)
             consts |= {"ROPE": True, "HAS_FF": True}
-        nt = importlib.import_module("shared.kernels.qmatmul.norm_tail")
-        norm = nt.no_norm_args(x)
-        consts |= {"NORM": 0, "NORM_BLOCK": 16, "NW1": 32, "NG1": 8, "NW2": 32, "NG2": 8}
-        if kind == "gemv-r8n":  # the add + RMSNorm after it, rounded for two layouts (norm_tail)
-            res, w = torch.empty(4096, dtype=torch.bfloat16), torch.empty(4096)
-            xq2, xd2 = torch.empty(1024, dtype=torch.int32), torch.empty(256)
-            norm = (res, w, res, res, xq, xd, xs, xq2, xd2, xd2, 1e-5)
-            consts |= {"NORM": 3, "NORM_BLOCK": 4096, "NW1": 32, "NG1": 8, "NW2": 16, "NG2": 16}
-        args = [x, xq, xd, xs, *_planes(pw), *split, xq, xd, xs, *rope, *norm, n, chunks]
-        args += [chunks // 2, *strides]
+        args = [x, xq, xd, xs, *_planes(pw), *split, xq, xd, xs, *rope, n, chunks, chunks // 2]
+        args += strides
         consts |= {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}
         # with the activation: its outputs also rounded for the next GEMV (round_gated)
         consts |= {"OUT_W": 32 if act else 0, "OUT_G": 8}
         # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
         # (the default; r8r too) and r8s (scales too), .cg for r8c
-        hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3, "gemv-r8r": 1, "gemv-r8n": 1}.get(
-            kind, 0
-        )
+        hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3, "gemv-r8r": 1}.get(kind, 0)
         consts["CM"], consts["EP"], consts["SEP"] = ir.CACHE_HINTS[hint]
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemv-rb":  # M activation rows in one program (packed_int8_rows_batch)
@@ -312,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
              ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8e", 1, 4), ("gemv-r8c", 1, 4),
-             ("gemv-r8s", 1, 4), ("gemv-r8r", 1, 4), ("gemv-r8n", 1, 4), ("gemv-rb", 2, 4),
-             ("gemv-rb", 4, 4),
+             ("gemv-r8s", 1, 4), ("gemv-r8r", 1, 4), ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
              ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4),
@@ -347,7 +336,6 @@ def main(argv: list[str] | None = None) -> int:
                 "gemv-r8c": 128,
                 "gemv-r8s": 128,
                 "gemv-r8r": 128,
-                "gemv-r8n": 128,
                 "gemv-rb": 128,
                 "gemm-first": 64,
                 "gemm-first-r32": 64,

@@ -164,26 +164,6 @@ class QuantLinear(nn.Module):
         cfg = tuned or config_for(pw, m, self.compute_dtype)
         return int8_layout(pw) if cfg.get("ROWS") else None
 
-    def takes_norm(self, m: int) -> bool:
-        """Whether a call of m rows can end with an add + RMSNorm in its GEMV's last program
-        (``forward_norm``): one row on the rows GEMV, no bias."""
-        pw = self.packed
-        if m != 1 or pw is None or not pw.rows32 or self.bias is not None:
-            return False
-        return self.kernel_error is None and not (
-            self.dense_copy is not None and self.dense_rows < 1
-        )
-
-    def forward_norm(self, x: torch.Tensor, rounded: dict | None, norm) -> torch.Tensor:
-        """forward, for a call ``takes_norm`` allows, whose GEMV also does `norm` (a
-        ``norm_tail.NormTail``) on the result."""
-        if not self.takes_norm(x.numel() // self.shape[1]):
-            raise ValueError(f"QuantLinear: no norm epilogue for {tuple(x.shape)} here")
-        x2 = x.reshape(-1, self.shape[1])
-        int8 = rounded.get(int8_layout(self.packed)) if rounded else None
-        y = packed_matmul(x2, self.packed, **self.matmul_args(x2), int8=int8, norm=norm)
-        return y.reshape(*x.shape[:-1], self.shape[0])
-
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
         """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made."""
         if self.kernel_error is not None:

@@ -23,7 +23,6 @@ class LlamaLayer(nn.Module):
         super().__init__()
         self.eps = cfg.rms_eps
         self.add_norm = w.ops.add_rms_norm_int8
-        self.norm_tail = w.ops.norm_tail
         self.attn_norm = w.vector(f"blk.{layer}.attn_norm.weight", cfg.d_model)
         self.attn = Attention(cfg, w, layer, rope_factors)
         self.ffn_norm = w.vector(f"blk.{layer}.ffn_norm.weight", cfg.d_model)
@@ -35,21 +34,13 @@ class LlamaLayer(nn.Module):
         """Takes the previous layer's MLP output and the residual stream before it (None at the
         first layer) and returns the same pair, so each residual add fuses with the RMSNorm
         that follows it (one kernel on the GPU instead of two). At batch 1 that kernel also
-        rounds its output to int8 for the GEMVs that read it (ops.add_rms_norm_int8); the
-        second norm, where the ops and the output projection allow, runs in that GEMV's last
-        program (ops.norm_tail)."""
+        rounds its output to int8 for the GEMVs that read it (ops.add_rms_norm_int8)."""
         m = x.shape[0]
         layouts = self.attn.int8_layouts(m)
         h, residual, rounded = self.add_norm(x, residual, self.attn_norm, self.eps, layouts)
+        a = self.attn(h, batch, kv, rounded)
         layouts = self.mlp.int8_layouts(m)
-        tail = None
-        if self.attn.wo.takes_norm(m):
-            tail = self.norm_tail(residual, self.ffn_norm, self.eps, layouts)
-        a = self.attn(h, batch, kv, rounded, tail)
-        if tail is not None:
-            h, residual, rounded = tail.results()
-        else:
-            h, residual, rounded = self.add_norm(a, residual, self.ffn_norm, self.eps, layouts)
+        h, residual, rounded = self.add_norm(a, residual, self.ffn_norm, self.eps, layouts)
         return self.mlp(h, rounded), residual
 
 

@@ -16,10 +16,6 @@ from shared.ops.paged_attention import paged_attention_ref, write_kv
 from shared.ops.paged_attention_fp8 import paged_attention_fp8_ref, write_kv_fp8
 from shared.ops.rope import apply_rope, rope_angles
 
-# batch 1: the add + RMSNorm after a layer's output projection in that GEMV's last program
-# (TritonOps.norm_tail, shared.kernels.qmatmul.norm_tail)
-NORM_TAIL = True
-
 
 class TorchOps:
     name = "torch"
@@ -66,18 +62,6 @@ class TorchOps:
         """Where the Q/K/V GEMV's epilogue may rotate q and k and write k and v to the cache
         (``qkv_rope.QKVRope``), then passed to attention as k = v = None; None when the ops
         keep RoPE and the write in attention (the references always do)."""
-        return None
-
-    def norm_tail(
-        self,
-        residual: torch.Tensor,
-        w: torch.Tensor,
-        eps: float,
-        layouts: tuple[tuple[int, int], ...],
-    ) -> object | None:
-        """Where the GEMV ahead of an add + RMSNorm may do it in its last program
-        (``norm_tail.NormTail``, its outputs add_rms_norm_int8's); None when the ops keep the
-        norm a launch of its own (the references always do)."""
         return None
 
     def attention(
@@ -143,13 +127,12 @@ class TritonOps(TorchOps):
         from shared.kernels import norm as norm_k
         from shared.kernels import paged_attention as attn_k
         from shared.kernels.device import num_sms
-        from shared.kernels.qmatmul.norm_tail import norm_tail
         from shared.kernels.qmatmul.qkv_rope import QKVRope
         from shared.kernels.rope_kv import rope_and_write_kv
 
         self._norm, self._act, self._attn_k = norm_k, act_k, attn_k
         self._attn, self._rope_kv = attn_k.paged_attention, rope_and_write_kv
-        self._qkv_rope, self._norm_tail = QKVRope, norm_tail
+        self._qkv_rope = QKVRope
         self._num_sms = num_sms
         self._round_in_norm = os.environ.get("SKIFF_NORM_ROUNDING", "1") != "0"
 
@@ -164,13 +147,6 @@ class TritonOps(TorchOps):
         GEMVs then skip their own rounding launch). SKIFF_NORM_ROUNDING=0: none ahead."""
         ahead = layouts[:2] if self._round_in_norm else ()  # a third rounds in its own launch
         return self._norm.add_rms_norm_int8(x, residual, w, eps, ahead)
-
-    def norm_tail(self, residual, w, eps, layouts):
-        """One row (the rows GEMV's) and at most two layouts: the GEMV's last program does
-        the norm and its roundings (``norm_tail``), NORM_TAIL allowing."""
-        if not NORM_TAIL or residual.shape[0] != 1 or len(layouts) > 2:
-            return None
-        return self._norm_tail(residual, w, eps, layouts if self._round_in_norm else ())
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self._act.silu_mul_separate(gate, up)

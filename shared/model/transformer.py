@@ -46,16 +46,9 @@ class Attention(nn.Module):
         return self.qkv.int8_layouts(m)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        batch: ForwardBatch,
-        kv: KVPool,
-        rounded: dict | None = None,
-        norm: object | None = None,
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rounded: dict | None = None
     ) -> torch.Tensor:
-        """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any; norm: a
-        ``norm_tail.NormTail`` the output projection's GEMV does after it, where
-        ``wo.takes_norm`` (its outputs then hold the layer's next norm)."""
+        """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any."""
         cfg, n = self.cfg, x.shape[0]
         q = k = v = rope = None
         if self.q_norm is None:  # one token: RoPE and the KV write in the GEMV's epilogue
@@ -86,8 +79,6 @@ class Attention(nn.Module):
             self.sliding_window,
             self.wo.int8_layout(n),
         )
-        if norm is not None:
-            return self.wo.forward_norm(o.reshape(n, cfg.q_dim), o_rounded, norm)
         return self.wo(o.reshape(n, cfg.q_dim), o_rounded)
 
 

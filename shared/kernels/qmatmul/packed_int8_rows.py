@@ -30,7 +30,6 @@ import triton.language as tl
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
 from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4
-from shared.kernels.qmatmul.norm_tail import finish_norm, no_norm_args
 from shared.kernels.qmatmul.packed_chunk import Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
@@ -260,8 +259,6 @@ def gemv_int8_rows_kernel(
     part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
     oq_ptr, od_ptr, os_ptr,  # with ACT and OUT_W: the gated outputs rounded to int8
     pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr, row0, q_dim, kv_dim, rope_scale, rope_step,  # ROPE
-    res_ptr, nw_ptr, normed_ptr, res_out_ptr, nq1_ptr, nd1_ptr, ns1_ptr, nq2_ptr, nd2_ptr,
-    ns2_ptr, norm_eps,  # NORM (norm_tail.NormTail)
     N, n_chunks, per_split, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr,
     HI: tl.constexpr,
@@ -283,12 +280,6 @@ def gemv_int8_rows_kernel(
     HEAD_DIM: tl.constexpr = 128,
     ROPE_DIM: tl.constexpr = 128,
     HAS_FF: tl.constexpr = False,
-    NORM: tl.constexpr = 0,  # > 0: the add + RMSNorm of the whole output after it (norm_tail)
-    NORM_BLOCK: tl.constexpr = 16,
-    NW1: tl.constexpr = 32,
-    NG1: tl.constexpr = 8,
-    NW2: tl.constexpr = 32,
-    NG2: tl.constexpr = 8,
 ):  # fmt: skip
     launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
@@ -311,15 +302,10 @@ def gemv_int8_rows_kernel(
         if last:
             round_gated(out_ptr, tickets_ptr, tl.num_programs(0), oq_ptr, od_ptr, os_ptr, ROWS,
                         OUT_W, OUT_G)  # fmt: skip
-    if NORM > 0:  # noqa: SIM102 - (no ACT, no ROPE)
-        if last:
-            finish_norm(out_ptr, tickets_ptr, res_ptr, nw_ptr, normed_ptr, res_out_ptr, nq1_ptr,
-                        nd1_ptr, ns1_ptr, nq2_ptr, nd2_ptr, ns2_ptr, norm_eps, N, NORM,
-                        NORM_BLOCK, NW1, NG1, NW2, NG2)  # fmt: skip
 
 
 def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp,
-                     int8=None, out_int8=None, rope=None, norm=None) -> None:  # fmt: skip
+                     int8=None, out_int8=None, rope=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
     partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg:
     num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's, MAXNREG (a register
@@ -328,8 +314,7 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     else a launch rounds it (or the GEMV itself, with QX); out_int8: with act, (xq, xd, xs, W,
     G) buffers the gated outputs are rounded into for the next GEMV (W 16 or 32); rope:
     (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row 0) for Q/K/V rows whose epilogue
-    rotates q and k and writes k and v to the cache (without act); norm: a
-    ``norm_tail.NormTail`` its last program does on the whole output (without act and rope)."""
+    rotates q and k and writes k and v to the cache (without act)."""
     qx = bool(cfg.get("QX")) and int8 is None
     if int8 is not None:
         xq, xd, xs = int8
@@ -341,15 +326,11 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     early = pdl(x.device, gemv_int8_rows_kernel)
     if rope is not None and act:
         raise ValueError("launch_int8_rows: the RoPE epilogue is for Q/K/V rows, not gate/up")
-    if norm is not None and (act or rope is not None):
-        raise ValueError("launch_int8_rows: the norm epilogue is for plain rows, not gated or RoPE")
     rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(targets[0])
-    norm_args = norm.kernel_args() if norm is not None else no_norm_args(targets[0])
     gemv_int8_rows_kernel[grid](
-        x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, *rope_args, *norm_args, pw.shape[0],
-        n_chunks, per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
+        x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, *rope_args, pw.shape[0], n_chunks,
+        per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        **(norm.constexprs() if norm is not None else {}),
         num_warps=warps, maxnreg=cfg.get("MAXNREG") or maxnreg(pw.qtype), **launch_kw(early),
     )  # fmt: skip

@@ -69,7 +69,6 @@ def packed_matmul(
     int8: tuple[torch.Tensor, ...] | None = None,
     out_int8: tuple | None = None,
     rope: tuple | None = None,
-    norm: object | None = None,
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
@@ -99,9 +98,6 @@ def packed_matmul(
     ``rope``: (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row 0), for the rows GEMV of
     Q/K/V rows without act only: its epilogue rotates the q rows in the result and writes k
     (rotated) and v to the cache instead of the result.
-    ``norm``: a ``norm_tail.NormTail``, for the rows GEMV of one row without act or rope
-    only: its last program adds the residual to the result and normalizes and rounds it
-    (NormTail's outputs), no launch of their own.
     """
     n, k = pw.shape
     if out_int8 is not None and not (act and rounds_gated(n // 2, *out_int8[3:])):
@@ -122,15 +118,10 @@ def packed_matmul(
     interp = interpreted(gemv_kernel)
     if rope is not None and not (pw.rows32 and m == 1 and not act):
         raise ValueError("packed_matmul: rope needs the rows GEMV (one row, interleaved, no act)")
-    if norm is not None:
-        plain = pw.rows32 and m == 1 and not act and rope is None
-        why = norm.refusal(out_dtype, n) if plain else "not the rows GEMV of one plain row"
-        if why:
-            raise ValueError(f"packed_matmul: no norm epilogue: {why}")
     if pw.rows32 and m == 1:  # row-interleaved planes: the rows GEMV (packed_int8_rows)
         if pw.qtype not in ROWS_TYPES:
             raise ValueError(f"packed_matmul: no GEMV over interleaved {pw.qtype.name} planes")
-        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8, out_int8, rope, norm)
+        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8, out_int8, rope)
         return out
     if out_int8 is not None:
         raise ValueError("packed_matmul: out_int8 needs the rows GEMV (one row, interleaved)")
@@ -222,7 +213,7 @@ def rounds_gated(n_out: int, w: int, g: int) -> bool:
 
 
 def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None,
-               rope=None, norm=None) -> None:  # fmt: skip
+               rope=None) -> None:  # fmt: skip
     """The int8 GEMV over row-interleaved planes (packed_int8_rows): a tile of 32 rows a
     program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
@@ -230,7 +221,7 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None,
     cfg, splits = rows_plan(pw, cfg)
     per_split, splits, targets = split_targets(out, pw, n_chunks, splits)
     launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp, int8,
-                     out_int8, rope, norm)  # fmt: skip
+                     out_int8, rope)  # fmt: skip
 
 
 def rows_plan(pw: PackedWeight, cfg: dict, pair: PackedWeight | None = None) -> tuple[dict, int]:

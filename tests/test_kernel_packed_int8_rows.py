@@ -182,12 +182,14 @@ def test_batch_one_configs_of_other_kernels_take_the_rows_gemv() -> None:
 
 
 def test_wide_programs_load_all_their_chunks_in_one_wave() -> None:
-    """packed_matmul.wide_warps on the H200's batch-1 Q4_K shapes at 72 registers (16 warps:
-    one program an SM, 8: three; 132 SMs)."""
-    slots = {16: 132, 8: 396}.__getitem__
-    assert wide_warps(128, 16, slots) == 16  # 4096 x 4096: unsplit, one pass
-    assert wide_warps(64, 8, slots) == 8  # 2048 x 2048
-    assert wide_warps(192, 16, slots) is None  # 6144 x 4096 (q/k/v): not one wave
-    assert wide_warps(128, 56, slots) is None  # 4096 x 14336 (down): more chunks than warps
-    assert wide_warps(128, 32, slots) is None  # Q6_K / Q8_0 4096 x 4096: 32 chunks
-    assert wide_warps(32, 4, slots) is None  # the default four warps a program
+    """packed_matmul.wide_warps on the H200's batch-1 Q4_K shapes (132 SMs): at 64 registers
+    (WIDE_MAXNREG) two 16-warp programs fit an SM, at 72 one."""
+    at64 = {16: 264, 8: 528}.__getitem__
+    at72 = {16: 132, 8: 396}.__getitem__
+    assert wide_warps(128, 16, at64) == 16  # 4096 x 4096: unsplit, one pass
+    assert wide_warps(192, 16, at64) == 16  # 6144 x 4096 (q/k/v)
+    assert wide_warps(192, 16, at72) is None  # ... not one wave at 72 registers
+    assert wide_warps(64, 8, at64) == 8  # 2048 x 2048
+    assert wide_warps(128, 56, at64) is None  # 4096 x 14336 (down): more chunks than warps
+    assert wide_warps(128, 32, at64) is None  # Q6_K / Q8_0 4096 x 4096: 32 chunks
+    assert wide_warps(32, 4, at64) is None  # the default four warps a program

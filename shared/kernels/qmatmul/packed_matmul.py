@@ -241,9 +241,10 @@ def rows_plan(pw: PackedWeight, cfg: dict, pair: PackedWeight | None = None) -> 
 # (wide_plan), capped at WIDE_MAXNREG registers a thread: two 16-warp programs an SM, so the
 # 192 row tiles of Llama-3-8B's fused Q/K/V fit one wave too (sm_90: every int8 type compiles
 # one pass of 16 chunks at 64 without spills; tools/kernel_sass). H200, W1 Q4_K_M
-# (BENCHMARKS.md 2026-12-02 (ak)): the 4096 x 4096 output projection in 128 programs of 16
-# warps at 72 registers, +1.0 %; unsplit programs that walk their chunks in two or more
-# passes (Q/K/V in 8 warps, down in 16) lost 4.4 % with it
+# (BENCHMARKS.md 2026-12-02 (ak)): +1.0-1.1 %, all of it from the 4096 x 4096 output
+# projection's 128 programs of 16 warps (the Q/K/V's unsplit form changed nothing, at 72
+# registers it stays split); unsplit programs that walk their chunks in two or more passes
+# (Q/K/V in 8 warps, down in 16) lost 4.4 %
 WIDE_ROWS = True
 WIDE_MAXNREG = 64
 _WIDE_WARPS = (8, 16)

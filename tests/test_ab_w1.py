@@ -3,6 +3,7 @@ everything is as before afterwards (the next variant starts from the defaults)."
 
 from __future__ import annotations
 
+import importlib
 import os
 from contextlib import ExitStack
 
@@ -20,6 +21,9 @@ import shared.model.linear as linear
 import shared.sampling.sampler as sampler
 import tools.ab_w1 as ab
 from shared.model.weights import WeightLoader
+
+# the module (the package exports its function under the same name)
+packed_matmul = importlib.import_module("shared.kernels.qmatmul.packed_matmul")
 
 
 def _state() -> tuple:
@@ -44,6 +48,9 @@ def _state() -> tuple:
         linear.ROUND_AHEAD_ROWS,
         rows_batch.BATCH_WAVE,
         linear.QKV_ROPE,
+        graphs.default_num_splits(1, 8, 513, 132),  # the decode graphs' rule (9 tiles)
+        packed_matmul.WIDE_ROWS,
+        packed_matmul.WIDE_MAXNREG,
     )
 
 
@@ -79,6 +86,9 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "round-ahead-off": {14},
         "batch-wave-off": {15},
         "rope-apart": {16},
+        "splits-floor": {17},
+        "wide-off": {18},
+        "wide-72": {19},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

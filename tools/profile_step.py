@@ -63,9 +63,10 @@ def _timeline(engine, rows: int, n: int = 20, keep: Path | None = None) -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "trace.json"
         prof.export_chrome_trace(str(path))
-        trace = json.loads(path.read_text())
+        raw = path.read_bytes()
+        trace = json.loads(raw)
         if keep is not None:
-            keep.write_bytes(gzip.compress(path.read_bytes()))
+            keep.write_bytes(gzip.compress(raw))
     print(f"timeline of {n} overlapped decode steps:")
     report(trace, n, rows)
 

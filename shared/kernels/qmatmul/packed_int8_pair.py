@@ -21,7 +21,7 @@ import triton.language as tl
 from shared.kernels.gdc import launch_kw, launch_next, pdl
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, maxnreg, row_sums
+from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, register_cap, row_sums
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.qkv_rope import QKVRope, finish_qkv_rope, no_rope_args, qkv_angles
@@ -126,9 +126,7 @@ def rows_gemv_pair(
     fa = {f"{k}_A": v for k, v in fields(a).items()}
     fb = {f"{k}_B": v for k, v in fields(b).items()}
     warps = cfg.get("num_warps", 4)
-    regs = cfg.get("MAXNREG") or (
-        maxnreg(a.qtype) if maxnreg(a.qtype) == maxnreg(b.qtype) else None
-    )
+    regs = register_cap(cfg, a.qtype, b.qtype)
     early = pdl(x.device, gemv_int8_pair_kernel)
     rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(out_a)
     gemv_int8_pair_kernel[(tiles_a + tiles_b, splits)](

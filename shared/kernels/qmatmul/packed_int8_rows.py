@@ -47,6 +47,7 @@ __all__ = [
     "gemv_int8_rows_kernel",
     "launch_int8_rows",
     "maxnreg",
+    "register_cap",
     "row_sums",
 ]
 
@@ -82,6 +83,13 @@ def maxnreg(qtype: int) -> int | None:
     call of (w), 385.0 at 64 and 399.9 at 72. Q8_0 keeps the compiler's choice: its 61 registers
     fit eight programs already, and the cap at 64 cost it 1.3 % ((v))."""
     return None if qtype == int(Q8_0) else 72
+
+
+def register_cap(cfg: dict, *qtypes: int) -> int | None:
+    """A launch's register cap: the config's MAXNREG, else the weights' common ``maxnreg``
+    (None where they differ: the compiler's choice)."""
+    caps = {maxnreg(q) for q in qtypes}
+    return cfg.get("MAXNREG") or (caps.pop() if len(caps) == 1 else None)
 
 
 @triton.jit
@@ -332,5 +340,5 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        num_warps=warps, maxnreg=cfg.get("MAXNREG") or maxnreg(pw.qtype), **launch_kw(early),
+        num_warps=warps, maxnreg=register_cap(cfg, pw.qtype), **launch_kw(early),
     )  # fmt: skip

@@ -264,6 +264,7 @@ def wide_plan(pw: PackedWeight, pair: PackedWeight | None = None) -> int | None:
     return wide_warps(
         sum(triton.cdiv(w.shape[0], ROWS) for w in weights),
         chunks.pop(),
+        # shared memory: the cross-warp sum's 128 bytes a warp (2 KB at 16, tools/kernel_sass)
         lambda warps: resident_programs(pw.q.device, WIDE_MAXNREG, warps, 128 * warps) * sms,
     )
 

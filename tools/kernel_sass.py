@@ -119,14 +119,10 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         consts |= {"OUT_W": 32 if act else 0, "OUT_G": 8}
         # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
         # (the default; r8r too) and r8s (scales too), .cg for r8c
-        hint = {
-            "gemv-r8e": 1,
-            "gemv-r8c": 2,
-            "gemv-r8s": 3,
-            "gemv-r8r": 1,
-            "gemv-r8h": 1,
-            "gemv-r8p": 1,
-        }.get(kind, 0)
+        hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3, "gemv-r8r": 1, "gemv-r8h": 1,
+                "gemv-r8p": 1}.get(
+            kind, 0
+        )
         consts["CM"], consts["EP"], consts["SEP"] = ir.CACHE_HINTS[hint]
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemv-rb":  # M activation rows in one program (packed_int8_rows_batch)

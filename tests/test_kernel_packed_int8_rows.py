@@ -80,25 +80,6 @@ def test_exact_activations_give_the_product(qtype: T, split: int, warps: int) ->
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("split", "warps", "n_parts"), [(1, 2, 2), (1, 4, 4), (2, 1, 4)])
-def test_passes_in_parts_give_the_product(qtype: T, split: int, warps: int, n_parts: int) -> None:
-    """PARTS (each pass in parts of its groups, the next pass's requested in between): the
-    product where the rounding is exact, over 2-6 passes a program, the last one short (6 or
-    12 chunks), and the whole passes' result bit for bit (the parts' integer sums are exact
-    and scaled as the whole pass's)."""
-    n, k = 37, 1536
-    pw = interleave(_weight(qtype, n, k, seed=int(qtype) + 3 * split + warps))
-    x = representable(k, _layout(qtype)[0], seed=warps).to(DEVICE)
-    want = x.double() @ unpack(deinterleave(pw)).double().T
-    got = packed_matmul(x, pw, torch.float32, config=_cfg(split, warps, PARTS=n_parts))
-    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
-    xr = torch.randn(1, k, generator=torch.Generator().manual_seed(warps)).to(DEVICE)
-    whole = packed_matmul(xr, pw, torch.float32, config=_cfg(split, warps))
-    got = packed_matmul(xr, pw, torch.float32, config=_cfg(split, warps, PARTS=n_parts))
-    assert torch.equal(got, whole)
-
-
 @pytest.mark.parametrize(
     ("qtype", "qx"),
     [(T.Q4_K, 0), (T.Q4_K, 1), (T.Q6_K, 1), (T.Q8_0, 0), (T.Q4_0, 1)],

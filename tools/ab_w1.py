@@ -32,9 +32,7 @@ write in a launch of their own after the Q/K/V GEMV, ``linear.QKV_ROPE`` off, as
 ``splits-floor`` (a decode graph's attention slices from the context's whole key tiles, the
 last partial one not counted, as before (ak)); ``wide-off`` (batch-1 rows GEMVs of one pass
 split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-72`` (those
-programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split);
-``parts-2`` / ``parts-4`` (batch-1 rows GEMVs of two or more passes request each pass in 2 or 4
-parts, the next pass's part as soon as this one's is multiplied, ``DEFAULT_PARTS``).
+programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split).
 """
 
 from __future__ import annotations
@@ -147,8 +145,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     ),
     "wide-off": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", False),),
     "wide-72": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 72),),
-    "parts-2": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_PARTS", 2),),
-    "parts-4": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_PARTS", 4),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

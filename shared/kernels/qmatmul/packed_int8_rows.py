@@ -42,11 +42,9 @@ from shared.kernels.qmatmul.split_tickets import finish_rows, round_gated
 __all__ = [
     "CACHE_HINTS",
     "DEFAULT_CACHE",
-    "DEFAULT_PARTS",
     "ROWS_TYPES",
     "cache_hints",
     "gemv_int8_rows_kernel",
-    "parts",
     "launch_int8_rows",
     "maxnreg",
     "register_cap",
@@ -87,19 +85,6 @@ def maxnreg(qtype: int) -> int | None:
     return None if qtype == int(Q8_0) else 72
 
 
-# config key PARTS (2 or 4; 1: off): a program of two or more passes (more chunks a split than
-# warps) requests each pass in parts of its groups, part p of the next pass as soon as part p
-# of this one is multiplied (row_sums); a config without the key takes DEFAULT_PARTS
-DEFAULT_PARTS = 1
-
-
-def parts(cfg: dict, per_split: int) -> int:
-    """The parts a pass of a launch of per_split chunks a program (read at the call, as
-    cache_hints): 1 for programs of one pass."""
-    n = cfg.get("PARTS", DEFAULT_PARTS)
-    return n if per_split > cfg.get("num_warps", 4) else 1
-
-
 def register_cap(cfg: dict, *qtypes: int) -> int | None:
     """A launch's register cap: the config's MAXNREG, else the weights' common ``maxnreg``
     (None where they differ: the compiler's choice)."""
@@ -109,15 +94,14 @@ def register_cap(cfg: dict, *qtypes: int) -> int | None:
 
 @triton.jit
 def _x_words(xq_ptr, cb, c1, NG: tl.constexpr, KW: tl.constexpr, G: tl.constexpr,
-             J0: tl.constexpr, G0: tl.constexpr = 0, NP: tl.constexpr = 0):  # fmt: skip
-    """The activation words of fields J0 .. J0 + 3 of groups G0 .. G0 + NP - 1 (NP 0: all NG),
-    [32, KW, NP] each (the same address for the 32 rows: one broadcast load a warp)."""
-    NGP: tl.constexpr = NP if NP > 0 else NG
+             J0: tl.constexpr):  # fmt: skip
+    """The activation words of fields J0 .. J0 + 3 of every group, [32, KW, NG] each (the
+    same address for the 32 rows: one broadcast load a warp)."""
     k = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :, None, None]  # as _load's
-    g = G0 + tl.arange(0, NGP)[None, None, :, None]
+    g = tl.arange(0, NG)[None, None, :, None]
     at = (k * NG + g) * G + J0 + tl.arange(0, 4)[None, None, None, :]
-    x = tl.load(xq_ptr + tl.broadcast_to(at, (ROWS, KW, NGP, 4)))
-    e, o = tl.split(tl.reshape(x, (ROWS, KW, NGP, 2, 2)))
+    x = tl.load(xq_ptr + tl.broadcast_to(at, (ROWS, KW, NG, 4)))
+    e, o = tl.split(tl.reshape(x, (ROWS, KW, NG, 2, 2)))
     x0, x2 = tl.split(e)
     x1, x3 = tl.split(o)
     return x0, x1, x2, x3
@@ -165,8 +149,7 @@ def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0,
           QTYPE: tl.constexpr, J0: tl.constexpr, G: tl.constexpr, NG: tl.constexpr,
           KW: tl.constexpr, S: tl.constexpr, OFFSET: tl.constexpr,
           INTERPRETED: tl.constexpr):  # fmt: skip
-    """Sub-blocks J0 .. J0 + 3: their codes n* ([32, KW * NG]) and activation words x* (NG:
-    the groups of the part of the chunks they hold)."""
+    """Sub-blocks J0 .. J0 + 3: their codes n* ([32, KW * NG]) and activation words x*."""
     shape: tl.constexpr = (ROWS, KW, NG)
     VEC: tl.constexpr = QTYPE != Q8_0
     d0, d1, d2, d3 = _x_scales(xd_ptr, cb, c1, KW, G, J0, VEC)
@@ -190,10 +173,10 @@ def _four(part, add, n0, n1, n2, n3, x0, x1, x2, x3, xd_ptr, xs_ptr, a0, a1, b0,
 
 @triton.jit
 def unpack(loaded, QTYPE: tl.constexpr, HI: tl.constexpr, W: tl.constexpr, KW: tl.constexpr,
-           INTERPRETED: tl.constexpr, NP: tl.constexpr = 0):  # fmt: skip
+           INTERPRETED: tl.constexpr):  # fmt: skip
     """fetch's loads -> (the codes of the eight fields, [32, KW * NG] words of four; the scale
-    words): what every activation row multiplies. NP: the groups fetch loaded (0: all)."""
-    NG: tl.constexpr = NP if NP > 0 else W // 4
+    words): what every activation row multiplies."""
+    NG: tl.constexpr = W // 4
     words, hi, meta = loaded
     w4 = tl.reshape(words, (ROWS, KW * NG, 4))
     codes = _codes(QTYPE, HI, w4, tl.reshape(hi, (ROWS, KW * NG)), ROWS, KW * NG, INTERPRETED)
@@ -234,169 +217,16 @@ def _compute(acc, cb, c1, loaded, xq_ptr, xd_ptr, xs_ptr, QTYPE: tl.constexpr, H
 
 
 @triton.jit
-def _part_sums(sums, cb, c1, loaded, xq_ptr, QTYPE: tl.constexpr, HI: tl.constexpr,
-               W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr, P: tl.constexpr,
-               PARTS: tl.constexpr, INTERPRETED: tl.constexpr):  # fmt: skip
-    """sums (eight [32, KW] int32, a sub-block each; G of them used) += the integer dot
-    products of part P of PARTS of the chunks' groups (loaded by _fetch_part) with the
-    activation codes: a sub-block's sum over groups, split over parts, is exact."""
-    NG: tl.constexpr = W // 4
-    NP: tl.constexpr = NG // PARTS
-    S: tl.constexpr = QTYPE == Q8_0  # signed codes
-    words, hi, _ = loaded
-    codes, _ = unpack((words, hi, 0), QTYPE, HI, W, KW, INTERPRETED, NP)
-    n0, n1, n2, n3, n4, n5, n6, n7 = codes
-    s0, s1, s2, s3, s4, s5, s6, s7 = sums
-    shape: tl.constexpr = (ROWS, KW, NP)
-    x0, x1, x2, x3 = _x_words(xq_ptr, cb, c1, NG, KW, G, 0, P * NP, NP)
-    s0 += tl.sum(dot4(tl.reshape(n0, shape), x0, S, INTERPRETED), axis=2)
-    s1 += tl.sum(dot4(tl.reshape(n1, shape), x1, S, INTERPRETED), axis=2)
-    s2 += tl.sum(dot4(tl.reshape(n2, shape), x2, S, INTERPRETED), axis=2)
-    s3 += tl.sum(dot4(tl.reshape(n3, shape), x3, S, INTERPRETED), axis=2)
-    if G == 8:
-        x4, x5, x6, x7 = _x_words(xq_ptr, cb, c1, NG, KW, G, 4, P * NP, NP)
-        s4 += tl.sum(dot4(tl.reshape(n4, shape), x4, S, INTERPRETED), axis=2)
-        s5 += tl.sum(dot4(tl.reshape(n5, shape), x5, S, INTERPRETED), axis=2)
-        s6 += tl.sum(dot4(tl.reshape(n6, shape), x6, S, INTERPRETED), axis=2)
-        s7 += tl.sum(dot4(tl.reshape(n7, shape), x7, S, INTERPRETED), axis=2)
-    return s0, s1, s2, s3, s4, s5, s6, s7
-
-
-@triton.jit
-def _scaled_sums(acc, sums, meta, cb, c1, xd_ptr, xs_ptr, QTYPE: tl.constexpr, G: tl.constexpr,
-                 KW: tl.constexpr):  # fmt: skip
-    """acc + the chunks' products from their sub-blocks' integer sums (_part_sums) and scale
-    words, in accumulate's order of operations: the same bits as a whole pass."""
-    OFFSET: tl.constexpr = QTYPE != Q8_0
-    VEC: tl.constexpr = QTYPE != Q8_0
-    a0, a1, b0, b1, fa, fb = meta
-    i0, i1, i2, i3, i4, i5, i6, i7 = sums
-    part = tl.zeros((ROWS, KW), dtype=tl.float32)
-    add = tl.zeros((ROWS, KW), dtype=tl.float32)
-    d0, d1, d2, d3 = _x_scales(xd_ptr, cb, c1, KW, G, 0, VEC)
-    e0, e1, e2, e3 = d0, d1, d2, d3  # (never read without OFFSET)
-    if OFFSET:
-        e0, e1, e2, e3 = _x_scales(xs_ptr, cb, c1, KW, G, 0, VEC)
-    part, add = _scale_field(part, add, i0, d0, e0, QTYPE, 0, a0, a1, b0, b1, OFFSET)
-    part, add = _scale_field(part, add, i1, d1, e1, QTYPE, 1, a0, a1, b0, b1, OFFSET)
-    part, add = _scale_field(part, add, i2, d2, e2, QTYPE, 2, a0, a1, b0, b1, OFFSET)
-    part, add = _scale_field(part, add, i3, d3, e3, QTYPE, 3, a0, a1, b0, b1, OFFSET)
-    if G == 8:
-        d4, d5, d6, d7 = _x_scales(xd_ptr, cb, c1, KW, G, 4, VEC)
-        e4, e5, e6, e7 = d4, d5, d6, d7
-        if OFFSET:
-            e4, e5, e6, e7 = _x_scales(xs_ptr, cb, c1, KW, G, 4, VEC)
-        part, add = _scale_field(part, add, i4, d4, e4, QTYPE, 4, a0, a1, b0, b1, OFFSET)
-        part, add = _scale_field(part, add, i5, d5, e5, QTYPE, 5, a0, a1, b0, b1, OFFSET)
-        part, add = _scale_field(part, add, i6, d6, e6, QTYPE, 6, a0, a1, b0, b1, OFFSET)
-        part, add = _scale_field(part, add, i7, d7, e7, QTYPE, 7, a0, a1, b0, b1, OFFSET)
-    return acc + fa * part - fb * add
-
-
-@triton.jit
-def _scale_field(part, add, isum, dx, sx, QTYPE: tl.constexpr, J: tl.constexpr, a0, a1, b0, b1,
-                 OFFSET: tl.constexpr):  # fmt: skip
-    """_field's scaling of sub-block J's integer sum."""
-    a, b = scale_pair(QTYPE, J, a0, a1, b0, b1)
-    part += a * (dx * isum.to(tl.float32))
-    if OFFSET:
-        add += b * sx
-    return part, add
-
-
-@triton.jit
-def _fetch_part(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
-                dmin_ptr, tile, cb, c1, stride_q, stride_s, stride_d, W: tl.constexpr,
-                KW: tl.constexpr, CM: tl.constexpr, EP: tl.constexpr, SEP: tl.constexpr,
-                P: tl.constexpr, PARTS: tl.constexpr):  # fmt: skip
-    """fetch of part P of PARTS of the chunks' groups, the last part with the scale words
-    (they are needed once the parts' integer sums are complete)."""
-    NP: tl.constexpr = W // 4 // PARTS
-    return fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb, c1,
-                 stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, P * NP, NP,
-                 P == PARTS - 1)  # fmt: skip
-
-
-@triton.jit
 def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile,
              c0, c1, stride_q, stride_s, stride_d, QTYPE: tl.constexpr, HI: tl.constexpr,
              W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr, PREFETCH: tl.constexpr,
              QX: tl.constexpr, PDL: tl.constexpr, INTERPRETED: tl.constexpr, CM: tl.constexpr,
-             EP: tl.constexpr, SEP: tl.constexpr, PARTS: tl.constexpr = 1):  # fmt: skip
+             EP: tl.constexpr, SEP: tl.constexpr):  # fmt: skip
     """The 32 rows' dot products over chunks c0 .. c1 - 1 of row tile `tile` ([32] float32):
     the first chunks' weights requested before ``wait_prev`` (PDL), the activations after it
     (rounded here first with QX). Arguments as gemv_int8_rows_kernel's."""
     acc = tl.zeros((ROWS, KW), dtype=tl.float32)
-    if PARTS > 1:
-        # each pass's chunks in PARTS parts of their groups, part p of the next pass requested
-        # as soon as part p of this one is multiplied: a warp keeps weights in flight while it
-        # multiplies (with whole passes, every warp stops requesting between its pass's last
-        # bytes and its next request). Registers: one pass's parts, as a whole pass, but the
-        # products of a part at a time
-        f0 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
-                         stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 0, PARTS)  # fmt: skip
-        f1 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
-                         stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 1, PARTS)  # fmt: skip
-        f2, f3 = f1, f1
-        if PARTS == 4:
-            f2 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0,
-                             c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 2,
-                             PARTS)  # fmt: skip
-            f3 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0,
-                             c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 3,
-                             PARTS)  # fmt: skip
-        wait_prev(PDL)
-        _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
-        cb = c0
-        while cb + KW < c1:  # every pass but the last: the next pass's parts requested
-            nb = cb + KW
-            zero = tl.zeros((ROWS, KW), dtype=tl.int32)
-            sums = (zero, zero, zero, zero, zero, zero, zero, zero)
-            sums = _part_sums(sums, cb, c1, f0, xq_ptr, QTYPE, HI, W, G, KW, 0, PARTS,
-                              INTERPRETED)  # fmt: skip
-            f0 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, nb,
-                             c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 0,
-                             PARTS)  # fmt: skip
-            tl.debug_barrier()  # else ptxas sinks the loads past the next part's products
-            sums = _part_sums(sums, cb, c1, f1, xq_ptr, QTYPE, HI, W, G, KW, 1, PARTS,
-                              INTERPRETED)  # fmt: skip
-            meta = f1[2]
-            if PARTS == 4:
-                f1 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile,
-                                 nb, c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 1,
-                                 PARTS)  # fmt: skip
-                tl.debug_barrier()
-                sums = _part_sums(sums, cb, c1, f2, xq_ptr, QTYPE, HI, W, G, KW, 2, PARTS,
-                                  INTERPRETED)  # fmt: skip
-                f2 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile,
-                                 nb, c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 2,
-                                 PARTS)  # fmt: skip
-                tl.debug_barrier()
-                sums = _part_sums(sums, cb, c1, f3, xq_ptr, QTYPE, HI, W, G, KW, 3, PARTS,
-                                  INTERPRETED)  # fmt: skip
-                meta = f3[2]
-                f3 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile,
-                                 nb, c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 3,
-                                 PARTS)  # fmt: skip
-            else:
-                f1 = _fetch_part(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile,
-                                 nb, c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP, 1,
-                                 PARTS)  # fmt: skip
-            acc = _scaled_sums(acc, sums, meta, cb, c1, xd_ptr, xs_ptr, QTYPE, G, KW)
-            cb = nb
-        zero = tl.zeros((ROWS, KW), dtype=tl.int32)
-        sums = (zero, zero, zero, zero, zero, zero, zero, zero)
-        sums = _part_sums(sums, cb, c1, f0, xq_ptr, QTYPE, HI, W, G, KW, 0, PARTS, INTERPRETED)
-        sums = _part_sums(sums, cb, c1, f1, xq_ptr, QTYPE, HI, W, G, KW, 1, PARTS, INTERPRETED)
-        meta = f1[2]
-        if PARTS == 4:
-            sums = _part_sums(sums, cb, c1, f2, xq_ptr, QTYPE, HI, W, G, KW, 2, PARTS,
-                              INTERPRETED)  # fmt: skip
-            sums = _part_sums(sums, cb, c1, f3, xq_ptr, QTYPE, HI, W, G, KW, 3, PARTS,
-                              INTERPRETED)  # fmt: skip
-            meta = f3[2]
-        acc = _scaled_sums(acc, sums, meta, cb, c1, xd_ptr, xs_ptr, QTYPE, G, KW)
-    elif INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
+    if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         cb = c0
         while cb < c1:
@@ -458,7 +288,6 @@ def gemv_int8_rows_kernel(
     HEAD_DIM: tl.constexpr = 128,
     ROPE_DIM: tl.constexpr = 128,
     HAS_FF: tl.constexpr = False,
-    PARTS: tl.constexpr = 1,  # > 1: each pass in parts, the next pass's requested between
 ):  # fmt: skip
     launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
@@ -470,7 +299,7 @@ def gemv_int8_rows_kernel(
                               ROPE_DIM, HAS_FF)  # fmt: skip
     y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                  tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
-                 PDL, INTERPRETED, CM, EP, SEP, PARTS)  # fmt: skip
+                 PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
     if ROPE:  # (no ACT: OUT_W is 0)
         finish_qkv_rope(out_ptr, part_ptr, tickets_ptr, y, rows, N, cos, sin, slot_ptr, kc_ptr,
                         vc_ptr, row0, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM, ROPE_DIM,
@@ -487,8 +316,9 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
                      int8=None, out_int8=None, rope=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
     partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg:
-    num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's, PARTS (``parts``),
-    MAXNREG (a register cap other than maxnreg's); int8: x rounded for pw's layout already (xq, xd, xs, e.g. by the RMSNorm that made it: norm.add_rms_norm_int8),
+    num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's, MAXNREG (a register
+    cap other than maxnreg's); int8: x rounded for
+    pw's layout already (xq, xd, xs, e.g. by the RMSNorm that made it: norm.add_rms_norm_int8),
     else a launch rounds it (or the GEMV itself, with QX); out_int8: with act, (xq, xd, xs, W,
     G) buffers the gated outputs are rounded into for the next GEMV (W 16 or 32); rope:
     (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row 0) for Q/K/V rows whose epilogue
@@ -510,6 +340,5 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        PARTS=parts(cfg, per_split),
         num_warps=warps, maxnreg=register_cap(cfg, pw.qtype), **launch_kw(early),
     )  # fmt: skip

@@ -87,21 +87,17 @@ def scale_pair(QTYPE: tl.constexpr, J: tl.constexpr, a0, a1, b0, b1):
 @triton.jit
 def fetch(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
           tile, cb, c1, stride_q, stride_s, stride_d, W: tl.constexpr, KW: tl.constexpr,
-          CM: tl.constexpr = "", EP: tl.constexpr = "", SEP: tl.constexpr = "",
-          G0: tl.constexpr = 0, NGP: tl.constexpr = 0, META: tl.constexpr = True):  # fmt: skip
+          CM: tl.constexpr = "", EP: tl.constexpr = "", SEP: tl.constexpr = ""):  # fmt: skip
     """Every load of the chunks cb .. cb + KW - 1 (those below c1): the words [32, KW, NG, 4]
     (row r's four words of group g of chunk cb + k), the high entries [32, KW, NG] and the
     scale words (``_scales``, [32, KW] each). CM, EP: the words' and high entries' cache
-    modifier and eviction policy, SEP the scale words' eviction policy (``CACHE_HINTS``).
-    A part of the chunks: NGP groups from group G0 (0: all NG), without the scale words when
-    not META (0 in their place)."""
+    modifier and eviction policy, SEP the scale words' eviction policy (``CACHE_HINTS``)."""
     NG: tl.constexpr = W // 4
-    NP: tl.constexpr = NGP if NGP > 0 else NG
     r3 = tl.arange(0, ROWS)[:, None, None]
     # chunks past c1 read chunk c1 - 1 (in bounds, unmasked: no registers to clear first);
     # their activation scales are loaded as zero (_x_scales), so they add nothing
     k3 = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :, None]
-    unit = k3 * NG + G0 + tl.arange(0, NP)[None, None, :]  # [1, KW, NP]: the group's index
+    unit = k3 * NG + tl.arange(0, NG)[None, None, :]  # [1, KW, NG]: the group's index
     at = (unit * ROWS + r3) * 4  # [32, KW, NG]
     words = tl.load(
         q_ptr + tile * ROWS * stride_q + at[:, :, :, None] + tl.arange(0, 4)[None, None, None, :],
@@ -127,14 +123,12 @@ def fetch(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, 
             cache_modifier=CM,
             eviction_policy=EP,
         ).to(tl.int32)
-        e, o = tl.split(tl.reshape(h4, (ROWS, KW, NP, 2, 2)))
+        e, o = tl.split(tl.reshape(h4, (ROWS, KW, NG, 2, 2)))
         b0, b2 = tl.split(e)
         b1, b3 = tl.split(o)
         hi = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
-    meta = 0
-    if META:
-        c = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :]
-        r = tl.arange(0, ROWS)[:, None]
-        meta = _scales(QTYPE, HI, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c, r, stride_s,
-                       stride_d, SEP)  # fmt: skip
+    c = tl.minimum(cb + tl.arange(0, KW), c1 - 1)[None, :]
+    r = tl.arange(0, ROWS)[:, None]
+    meta = _scales(QTYPE, HI, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c, r, stride_s, stride_d,
+                   SEP)  # fmt: skip
     return words, hi, meta

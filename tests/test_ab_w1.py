@@ -51,7 +51,6 @@ def _state() -> tuple:
         graphs.default_num_splits(1, 8, 513, 132),  # the decode graphs' rule (9 tiles)
         packed_matmul.WIDE_ROWS,
         packed_matmul.WIDE_MAXNREG,
-        pa._MERGE_BITS,
     )
 
 
@@ -90,7 +89,6 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "splits-floor": {17},
         "wide-off": {18},
         "wide-72": {19},
-        "merge-bits": {20},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -318,29 +318,3 @@ def test_gpu_real_shapes(q_lens, ctx_lens, window, fp8) -> None:
         out = run_kernel(batch, scale, window, **hint)
         ref = reference(batch, scale, window)
     assert_close(out, ref, TOL[BF16])
-
-
-@pytest.mark.parametrize(
-    "dtype,group,head_dim,window,splits,block_size,small",
-    [c[1:] for c in CASES if c[0] == "decode"],
-    ids=lambda v: str(v),
-)
-def test_decode_merge_by_bits_gives_the_same_bits(
-    request, monkeypatch, dtype, group, head_dim, window, splits, block_size, small
-) -> None:
-    """The prefetched first tile merged with the step's own keys and values by OR of their
-    bits (``_MERGE_BITS``) instead of a select: the same output bit for bit."""
-    if small:
-        request.getfixturevalue("small_tiles")
-    n_kv_heads = 2 if head_dim <= 64 else 1
-    q_lens, ctx_lens = scenario("decode")
-    batch = make_batch(
-        q_lens, ctx_lens, group * n_kv_heads, n_kv_heads, head_dim, block_size, dtype
-    )
-    scale = head_dim**-0.5
-    monkeypatch.setattr(pa, "_MERGE_BITS", False)
-    select = run_kernel(batch, scale, window, num_splits=splits)
-    monkeypatch.setattr(pa, "_MERGE_BITS", True)
-    bits = run_kernel(batch, scale, window, num_splits=splits)
-    assert torch.equal(bits, select)
-    assert_close(bits, reference(batch, scale, window), TOL[dtype])

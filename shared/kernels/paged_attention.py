@@ -58,9 +58,6 @@ __all__ = [
 # decode with 64-key tiles of a 16-bit cache: a program loads its first tile's blocks and the
 # keys and values of earlier steps before wait_prev (gdc), and only the step's own key after it
 _PREFETCH = True
-# with the prefetch: the tile's prefetched and own keys and values merged by OR of their bits
-# (paged_attention_jit._merge) instead of a select
-_MERGE_BITS = False
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -282,7 +279,6 @@ def paged_attention(
         INTERPRETED=_interpreted(),
         PDL=early,
         PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
-        MERGE_BITS=_MERGE_BITS,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),

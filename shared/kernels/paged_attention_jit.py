@@ -55,19 +55,6 @@ def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr, DTY
 
 
 @triton.jit
-def _merge(fresh_vals, pre_vals, fresh, BITS: tl.constexpr):
-    """The tile's values: the step's own where fresh, else those loaded before the wait. Each
-    side was loaded as +0.0 (all bits 0) where the other holds the value, so with BITS their
-    bit patterns' OR is the merge: one logic operation for two 16-bit values, where the select
-    took a mask expansion and a byte permute (sm_90 SASS)."""
-    if BITS:
-        ity: tl.constexpr = tl.int32 if fresh_vals.dtype == tl.float32 else tl.int16
-        both = fresh_vals.to(ity, bitcast=True) | pre_vals.to(ity, bitcast=True)
-        return both.to(fresh_vals.dtype, bitcast=True)
-    return tl.where(fresh, fresh_vals, pre_vals)
-
-
-@triton.jit
 def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     if INTERPRETED and a.dtype == tl.bfloat16:  # it would multiply bf16 bit patterns as uint16
         a = a.to(tl.float32)
@@ -114,7 +101,6 @@ def _attend_tile(
     pre_k=0,  # [BLOCK_D, TILE_N] in the cache dtype, zero from lo_key on
     pre_v=0,  # [TILE_N, BLOCK_D]
     lo_key=0,
-    MERGE_BITS: tl.constexpr = False,  # merge the prefetched and own values by OR (_merge)
 ):
     key = tile * TILE_N + tl.arange(0, TILE_N)
     key_ok = key < seq_len  # slots past the end may hold anything, NaN included: never load them
@@ -132,9 +118,9 @@ def _attend_tile(
     k = _load_kv(k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
     if PRE:  # the step's own values too, before the dot: one memory round trip, not two
-        k = _merge(k, pre_k, fresh[None, :], MERGE_BITS)
+        k = tl.where(fresh[None, :], k, pre_k)
         v = _load_kv(v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
-        v = _merge(v, pre_v, fresh[:, None], MERGE_BITS)
+        v = tl.where(fresh[:, None], v, pre_v)
     # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
     s = _dot(q, k, None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
     if TOKEN_SCALES:
@@ -228,7 +214,6 @@ def _paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
-    MERGE_BITS: tl.constexpr = False,  # with PREFETCH: _attend_tile's merge by OR
 ):
     launch_next(PDL)
     n_splits = num_splits
@@ -319,7 +304,7 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
-                True, pre_block, pre_k, pre_v, context, MERGE_BITS,
+                True, pre_block, pre_k, pre_v, context,
             )  # fmt: skip
         tile_lo += 1
     if INTERPRETED:

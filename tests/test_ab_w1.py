@@ -51,6 +51,7 @@ def _state() -> tuple:
         graphs.default_num_splits(1, 8, 513, 132),  # the decode graphs' rule (9 tiles)
         packed_matmul.WIDE_ROWS,
         packed_matmul.WIDE_MAXNREG,
+        pa._ONE_SEQ,
     )
 
 
@@ -89,6 +90,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "splits-floor": {17},
         "wide-off": {18},
         "wide-72": {19},
+        "one-seq": {20},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -318,3 +318,18 @@ def test_gpu_real_shapes(q_lens, ctx_lens, window, fp8) -> None:
         out = run_kernel(batch, scale, window, **hint)
         ref = reference(batch, scale, window)
     assert_close(out, ref, TOL[BF16])
+
+
+@pytest.mark.parametrize("name", ["decode", "chunk", "mixed"])
+def test_one_sequence_without_the_search_gives_the_same_bits(monkeypatch, name) -> None:
+    """``_ONE_SEQ``: a batch of one sequence takes it without _find_seq's search, the same
+    output bit for bit; batches of several sequences still search (mixed: their rows too)."""
+    q_lens, ctx_lens = scenario(name)
+    for lens in ((q_lens[:1], ctx_lens[:1]), (q_lens, ctx_lens)):
+        batch = make_batch(*lens, 8, 2, 64, 16, F32)
+        monkeypatch.setattr(pa, "_ONE_SEQ", False)
+        searched = run_kernel(batch, 0.125, 0, num_splits=2)
+        monkeypatch.setattr(pa, "_ONE_SEQ", True)
+        direct = run_kernel(batch, 0.125, 0, num_splits=2)
+        assert torch.equal(direct, searched)
+        assert_close(direct, reference(batch, 0.125), TOL[F32])

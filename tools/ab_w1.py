@@ -32,7 +32,9 @@ write in a launch of their own after the Q/K/V GEMV, ``linear.QKV_ROPE`` off, as
 ``splits-floor`` (a decode graph's attention slices from the context's whole key tiles, the
 last partial one not counted, as before (ak)); ``wide-off`` (batch-1 rows GEMVs of one pass
 split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-72`` (those
-programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split).
+programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split);
+``one-seq`` (attention over one sequence skips the search for its program's sequence,
+``paged_attention._ONE_SEQ``).
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     ),
     "wide-off": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", False),),
     "wide-72": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 72),),
+    "one-seq": (_off("shared.kernels.paged_attention", "_ONE_SEQ", True),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

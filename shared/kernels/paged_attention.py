@@ -58,6 +58,9 @@ __all__ = [
 # decode with 64-key tiles of a 16-bit cache: a program loads its first tile's blocks and the
 # keys and values of earlier steps before wait_prev (gdc), and only the step's own key after it
 _PREFETCH = True
+# a batch of one sequence skips _find_seq's search (its load of query_start_loc): the loads
+# of the program's sequence, blocks and first keys start one memory round trip sooner
+_ONE_SEQ = False
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -279,6 +282,7 @@ def paged_attention(
         INTERPRETED=_interpreted(),
         PDL=early,
         PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
+        ONE_SEQ=_ONE_SEQ,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),

@@ -214,6 +214,7 @@ def _paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
+    ONE_SEQ: tl.constexpr = False,  # a runtime branch for one sequence, without _find_seq's load
 ):
     launch_next(PDL)
     n_splits = num_splits
@@ -226,7 +227,10 @@ def _paged_attention_kernel(
     # where the program's queries are, while the previous kernel ends: query_start_loc and
     # seq_lens are the step's inputs, set before its first kernel (as splits_ptr), not by one
     # of the kernels launched early before this one; q and the cache come after the wait
-    seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
+    if ONE_SEQ and num_seqs == 1:  # no search: the loads below go out one round trip sooner
+        seq = num_seqs - 1
+    else:
+        seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
     q_begin = tl.load(query_start_loc_ptr + seq)
     n_query = tl.load(query_start_loc_ptr + seq + 1) - q_begin
     q_tile = tl.program_id(0) - (q_begin // BLOCK_Q + seq)

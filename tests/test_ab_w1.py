@@ -90,7 +90,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "splits-floor": {17},
         "wide-off": {18},
         "wide-72": {19},
-        "one-seq": {20},
+        "one-seq-off": {20},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

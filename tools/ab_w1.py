@@ -33,8 +33,8 @@ write in a launch of their own after the Q/K/V GEMV, ``linear.QKV_ROPE`` off, as
 last partial one not counted, as before (ak)); ``wide-off`` (batch-1 rows GEMVs of one pass
 split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-72`` (those
 programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split);
-``one-seq`` (attention over one sequence skips the search for its program's sequence,
-``paged_attention._ONE_SEQ``).
+``one-seq-off`` (attention over one sequence searches for its program's sequence as over
+several, ``paged_attention._ONE_SEQ`` off, as before (al)).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     ),
     "wide-off": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", False),),
     "wide-72": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 72),),
-    "one-seq": (_off("shared.kernels.paged_attention", "_ONE_SEQ", True),),
+    "one-seq-off": (_off("shared.kernels.paged_attention", "_ONE_SEQ", False),),
     "qkv-unfused": (
         lambda: _patched(
             importlib.import_module("shared.model.weights").WeightLoader,

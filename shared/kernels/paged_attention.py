@@ -59,8 +59,9 @@ __all__ = [
 # keys and values of earlier steps before wait_prev (gdc), and only the step's own key after it
 _PREFETCH = True
 # a batch of one sequence skips _find_seq's search (its load of query_start_loc): the loads
-# of the program's sequence, blocks and first keys start one memory round trip sooner
-_ONE_SEQ = False
+# of the program's sequence, blocks and first keys start one memory round trip sooner. H200,
+# W1 Q4_K_M, two rounds in one process (BENCHMARKS.md 2026-12-02 (al)): +0.3 % and +0.8 %
+_ONE_SEQ = True
 
 
 def _native_fp8(device: torch.device) -> bool:

@@ -52,6 +52,10 @@ def _state() -> tuple:
         packed_matmul.WIDE_ROWS,
         packed_matmul.WIDE_MAXNREG,
         pa._ONE_SEQ,
+        (
+            pa.decode_tile_keys(128, torch.bfloat16, 640),
+            graphs.decode_tile_keys(128, torch.bfloat16, 640),
+        ),
     )
 
 
@@ -91,6 +95,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "wide-off": {18},
         "wide-72": {19},
         "one-seq-off": {20},
+        "attn-32": {21},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

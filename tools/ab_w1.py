@@ -34,7 +34,8 @@ last partial one not counted, as before (ak)); ``wide-off`` (batch-1 rows GEMVs 
 split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-72`` (those
 programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split);
 ``one-seq-off`` (attention over one sequence searches for its program's sequence as over
-several, ``paged_attention._ONE_SEQ`` off, as before (al)).
+several, ``paged_attention._ONE_SEQ`` off, as before (al)); ``attn-32`` (decode attention in
+32-key tiles where the rule gives 64: twice the slices, 116 registers a thread instead of 183).
 """
 
 from __future__ import annotations
@@ -88,6 +89,28 @@ def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: in
     return 64 if head_dim <= 128 else 32
 
 
+def _decode_tiles_32() -> ExitStack:
+    """decode_tile_keys with 32-key tiles where it gives 64 (W1's contexts), in the three
+    modules that call it."""
+    rule = importlib.import_module("shared.kernels.attention_plan").decode_tile_keys
+
+    def keys(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 1 << 30) -> int:
+        k = rule(head_dim, cache_dtype, max_kv_len, shared_memory)
+        return 32 if k == 64 else k
+
+    stack = ExitStack()
+    for module in _TILE_RULE_MODULES:
+        stack.enter_context(_patched(importlib.import_module(module), "decode_tile_keys", keys))
+    return stack
+
+
+_TILE_RULE_MODULES = (
+    "shared.kernels.attention_plan",
+    "shared.kernels.paged_attention",
+    "shared.engine.cuda_graphs",
+)
+
+
 def _separate_copies(parts, device):
     """staging.to_device_packed as before (ab): one host->device copy a list."""
     from shared.staging import to_device
@@ -125,6 +148,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
         _off("shared.kernels.paged_attention", "decode_tile_keys", _tile_keys_64),
         _off("shared.engine.cuda_graphs", "decode_tile_keys", _tile_keys_64),
     ),
+    "attn-32": (_decode_tiles_32,),
     "rope-wide": (_off("shared.kernels.rope_kv", "_MIN_PROGRAMS", 0),),
     "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),

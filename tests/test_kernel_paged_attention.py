@@ -323,7 +323,7 @@ def test_gpu_real_shapes(q_lens, ctx_lens, window, fp8) -> None:
 @pytest.mark.parametrize("name", ["decode", "chunk", "mixed"])
 def test_one_sequence_without_the_search_gives_the_same_bits(monkeypatch, name) -> None:
     """``_ONE_SEQ``: a batch of one sequence takes it without _find_seq's search, the same
-    output bit for bit; batches of several sequences still search (mixed: their rows too)."""
+    output bit for bit; batches of several sequences (the scenario's whole batch) still search."""
     q_lens, ctx_lens = scenario(name)
     for lens in ((q_lens[:1], ctx_lens[:1]), (q_lens, ctx_lens)):
         batch = make_batch(*lens, 8, 2, 64, 16, F32)

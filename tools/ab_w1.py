@@ -35,7 +35,8 @@ split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-
 programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split);
 ``one-seq-off`` (attention over one sequence searches for its program's sequence as over
 several, ``paged_attention._ONE_SEQ`` off, as before (al)); ``attn-32`` (decode attention in
-32-key tiles where the rule gives 64: twice the slices, 116 registers a thread instead of 183).
+32-key tiles where the rule gives 64: twice the slices, 116 registers a thread instead of
+168-183 on sm_90).
 """
 
 from __future__ import annotations
@@ -89,9 +90,17 @@ def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: in
     return 64 if head_dim <= 128 else 32
 
 
+# the modules that call decode_tile_keys (each imported the name: each is patched)
+_TILE_RULE_MODULES = (
+    "shared.kernels.attention_plan",
+    "shared.kernels.paged_attention",
+    "shared.engine.cuda_graphs",
+)
+
+
 def _decode_tiles_32() -> ExitStack:
-    """decode_tile_keys with 32-key tiles where it gives 64 (W1's contexts), in the three
-    modules that call it."""
+    """decode_tile_keys with 32-key tiles where it gives 64 (W1's contexts), in every module
+    that calls it."""
     rule = importlib.import_module("shared.kernels.attention_plan").decode_tile_keys
 
     def keys(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 1 << 30) -> int:
@@ -102,13 +111,6 @@ def _decode_tiles_32() -> ExitStack:
     for module in _TILE_RULE_MODULES:
         stack.enter_context(_patched(importlib.import_module(module), "decode_tile_keys", keys))
     return stack
-
-
-_TILE_RULE_MODULES = (
-    "shared.kernels.attention_plan",
-    "shared.kernels.paged_attention",
-    "shared.engine.cuda_graphs",
-)
 
 
 def _separate_copies(parts, device):
@@ -143,11 +145,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
     "cache-0": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 0),),
     "cache-3": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 3),),
-    "attn-64": (
-        _off("shared.kernels.attention_plan", "decode_tile_keys", _tile_keys_64),
-        _off("shared.kernels.paged_attention", "decode_tile_keys", _tile_keys_64),
-        _off("shared.engine.cuda_graphs", "decode_tile_keys", _tile_keys_64),
-    ),
+    "attn-64": tuple(_off(m, "decode_tile_keys", _tile_keys_64) for m in _TILE_RULE_MODULES),
     "attn-32": (_decode_tiles_32,),
     "rope-wide": (_off("shared.kernels.rope_kv", "_MIN_PROGRAMS", 0),),
     "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),

@@ -15,11 +15,16 @@ V_LIFT = tl.constexpr(256.0)
 
 
 @triton.jit
-def _find_seq(query_start_loc_ptr, q_tile_id, num_seqs, BLOCK_Q: tl.constexpr):
+def _find_seq(query_start_loc_ptr, q_tile_id, num_seqs, BLOCK_Q: tl.constexpr,
+              ONE_SEQ: tl.constexpr = False):  # fmt: skip
     # Sequence b owns programs [start(b), start(b + 1)) with start(b) = qsl[b] // BLOCK_Q + b: at
     # least cdiv(n_query, BLOCK_Q) of them, strictly increasing even for sequences with no query.
+    # ONE_SEQ: a batch of one sequence is found without the search's load (one memory round
+    # trip sooner for the loads that need it).
     lo: tl.int32 = 0
     hi = num_seqs
+    if ONE_SEQ and num_seqs == 1:
+        lo = 1
     while lo < hi:
         mid = (lo + hi) // 2
         start = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
@@ -214,7 +219,7 @@ def _paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
-    ONE_SEQ: tl.constexpr = False,  # a runtime branch for one sequence, without _find_seq's load
+    ONE_SEQ: tl.constexpr = False,  # one sequence found without _find_seq's load
 ):
     launch_next(PDL)
     n_splits = num_splits
@@ -227,10 +232,7 @@ def _paged_attention_kernel(
     # where the program's queries are, while the previous kernel ends: query_start_loc and
     # seq_lens are the step's inputs, set before its first kernel (as splits_ptr), not by one
     # of the kernels launched early before this one; q and the cache come after the wait
-    if ONE_SEQ and num_seqs == 1:  # no search: the loads below go out one round trip sooner
-        seq = num_seqs - 1
-    else:
-        seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
+    seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q, ONE_SEQ)
     q_begin = tl.load(query_start_loc_ptr + seq)
     n_query = tl.load(query_start_loc_ptr + seq + 1) - q_begin
     q_tile = tl.program_id(0) - (q_begin // BLOCK_Q + seq)

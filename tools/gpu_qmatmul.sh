@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, profile (ncu), step, rows, batch, first, tune (TUNE_ARGS), ab, w6, floor
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: probe, attn, kv, chunks, profile (ncu), step, rows, batch, first, tune (TUNE_ARGS), ab, w6, floor
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile (niced: in (ab) it starved the tests stage)
   [ -x $BUILD/bin/llama-bench ] || setsid nice -n 19 bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -62,6 +62,14 @@ case " $STAGES " in *" step "*)  # where a batch-1 decode step's time goes; STEP
       --trace "$OUT/step-$t-pdl$pdl-$v.json.gz" ${STEP_ARGS:-} 2>&1 \
       | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step-$t-pdl$pdl-$v.txt"
   done; done; done ;;
+esac
+case " $STAGES " in *" probe "*)  # the decode attention program by program (tools/probe_attention.py)
+  models 2>&1
+  for t in ${PROBE_TYPES:-${TYPES%% *}}; do
+    timeout ${PROBE_S:-150} python3 -m tools.probe_attention /tmp/l3-$t.gguf \
+      --variants ${PROBE_VARIANTS:-default} ${PROBE_ARGS:-} 2>&1 | grep -v "^USDT\|Warning\|warn" \
+      | tee -a "$OUT/probe.txt"
+  done ;;
 esac
 case " $STAGES " in *" w1 "*)
   models 2>&1

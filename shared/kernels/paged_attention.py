@@ -172,6 +172,7 @@ def paged_attention(
     out: torch.Tensor | None = None,  # [T, n_heads, head_dim] in q.dtype
     num_splits_t: torch.Tensor | None = None,  # [1] int32 on q.device, <= num_splits
     int8_layout: tuple[int, int] | None = None,  # (W, G): also return out rounded to int8
+    probe: torch.Tensor | None = None,  # a buffer of shared.kernels.probe: records a program
 ) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """Attention of q over the paged cache; returns [T, n_heads, head_dim] in q.dtype.
 
@@ -189,6 +190,9 @@ def paged_attention(
     ``int8_activations.prepare_int8`` makes them of out's row for a weight of that layout, when
     the combine pass rounded it (one token, a split count > 1 not read from the device, heads of
     whole sub-blocks; it then saves the next GEMV its rounding launch), else {}.
+
+    With probe (`shared.kernels.probe.new_buffer`, a CUDA device only): every program of both
+    kernels appends a record of when it started, passed wait_prev and finished.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -284,6 +288,8 @@ def paged_attention(
         PDL=early,
         PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
         ONE_SEQ=_ONE_SEQ,
+        PROBE=probe is not None,
+        probe_ptr=probe,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),
@@ -306,6 +312,8 @@ def paged_attention(
             ROUND=bool(rounded),
             W=w,
             G=g,
+            PROBE=probe is not None,
+            probe_ptr=probe,
             **launch_kw(early),
         )  # fmt: skip
     return out if int8_layout is None else (out, rounded)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from shared.kernels import probe
 from shared.kernels.gdc import launch_next, wait_prev
 from shared.kernels.rounding import FP16_MAX, fp16_range, to_dtype
 
@@ -220,7 +221,11 @@ def _paged_attention_kernel(
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
     ONE_SEQ: tl.constexpr = False,  # one sequence found without _find_seq's load
+    PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
+    probe_ptr=None,
 ):
+    if PROBE:
+        g0, c0 = probe.now(0)
     launch_next(PDL)
     n_splits = num_splits
     if DYNAMIC_SPLITS:
@@ -268,6 +273,10 @@ def _paged_attention_kernel(
         pv_off = pre_block[:, None] * stride_v_b + pslot[:, None] * stride_v_t + d[None, :]
         pre_v = tl.load(v_ptr + pv_off, mask=old[:, None] & d_ok[None, :], other=0.0)
     wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
+    if PROBE:
+        g1, c1 = probe.now(0)
+        if (split >= n_splits) | (q_tile * BLOCK_Q >= n_query):
+            _probe_record(probe_ptr, g0, g1, g1, g1, c0, c1, c1, c1, 0, n_splits, seq_len)
     if split >= n_splits:
         return
     if q_tile * BLOCK_Q >= n_query:
@@ -337,6 +346,8 @@ def _paged_attention_kernel(
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
             )  # fmt: skip
 
+    if PROBE:  # the keys walked: read once the sums are
+        g2, c2 = probe.now(tl.sum(tl.sum(acc, 1), 0).to(tl.int32, bitcast=True))
     if HEAD_SCALES:
         acc = acc * tl.load(vs_ptr).to(tl.float32)
     elif KV_FP8:
@@ -355,3 +366,17 @@ def _paged_attention_kernel(
         o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_o_t + head[:, None] * stride_o_h + d[None, :]
         tl.store(out_ptr + o_off, to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED), mask=io_mask)
+    if PROBE:
+        g3, c3 = probe.now(0)
+        _probe_record(probe_ptr, g0, g1, g2, g3, c0, c1, c2, c3, 1, n_splits, seq_len)
+
+
+@triton.jit
+def _probe_record(probe_ptr, g0, g1, g2, g3, c0, c1, c2, c3, live, n_splits, seq_len):
+    """One program's record: its start, wait_prev's return, the keys walked and its end; then
+    its SM, program ids, grid size, whether it computed, the split count and its context."""
+    grid = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+    probe.write_record(
+        probe_ptr, g0, g1, g2, g3, c0, c1, c2, c3, probe.sm_id(0), tl.program_id(0),
+        tl.program_id(1), tl.program_id(2), grid, live, n_splits, seq_len,
+    )  # fmt: skip

@@ -56,6 +56,7 @@ def _state() -> tuple:
             pa.decode_tile_keys(128, torch.bfloat16, 640),
             graphs.decode_tile_keys(128, torch.bfloat16, 640),
         ),
+        pa._pick_tiles(1, 4, 128, torch.bfloat16, True, 640).num_warps,  # decode's programs
     )
 
 
@@ -96,10 +97,18 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "wide-72": {19},
         "one-seq-off": {20},
         "attn-32": {21},
+        "attn-w2": {22},
+        "attn-32-w2": {21, 22},
+        "attn-32-w1": {21, 22},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")
         assert _state()[5] == (64, 64)
+    for name, warps in (("attn-w2", 2), ("attn-32-w1", 1)):
+        with ExitStack() as stack:
+            ab.enter_variant(stack, name)
+            assert pa._pick_tiles(1, 4, 128, torch.bfloat16, True, 640).num_warps == warps
+            assert pa._pick_tiles(64, 4, 128).num_warps == 4  # prefill chunks keep theirs
     for name, hint in (("cache-0", 0), ("cache-3", 3)):
         with ExitStack() as stack:
             ab.enter_variant(stack, name)

@@ -52,10 +52,12 @@ def test_layers_are_timed_from_the_first_wait_return():
     assert "2 decode layers" in pa_probe.table(found)
 
 
-def test_a_cut_launch_is_an_error():
-    rec = torch.stack(_layer(100_000)[:3])
+def test_a_mixed_launch_is_an_error_and_a_full_buffer_is_not():
+    rec = torch.stack(_layer(100_000)[:3] + _layer(200_000)[4:])
     with pytest.raises(ValueError, match="not one whole attention launch"):
         pa_probe.launches(rec)
+    full = torch.stack(_layer(100_000) + _layer(200_000)[:3])  # the second launch cut short
+    assert [k for k, _ in pa_probe.launches(full)] == ["attention", "combine"]
 
 
 def test_records_are_read_up_to_the_capacity():
@@ -94,7 +96,15 @@ def test_probed_decode_attention_records_every_program_and_changes_nothing():
     assert kinds == [("attention", 8 * 16), ("combine", 32)]
     times = rec[:, :4]
     assert bool((times[:, 1:] >= times[:, :-1]).all()), "points out of order"
-    live = rec[rec[:, pa_probe.KIND] == 1]
-    assert live.shape[0] == 8 * 10  # 600 keys: 10 tiles of 64 in 16 slices, 6 empty
+    # a split count fixed at launch: every slice computes (slices 10-15 over no keys)
+    assert bool((rec[: 8 * 16, pa_probe.KIND] == 1).all())
     found = pa_probe.layers(rec, 8 * 16)
     assert len(found) == 1 and found[0]["combine last end"] > found[0]["attention last end"]
+    # a count read on the device (the decode graphs'): slices past it return early, marked 0
+    buf = probe.new_buffer(1024, dev)
+    splits_t = torch.tensor([10], dtype=torch.int32, device=dev)
+    dyn = paged_attention(*args, **kw, num_splits_t=splits_t, probe=buf)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(dyn, plain, rtol=0, atol=2e-2)
+    kinds = probe.records(buf)[: 8 * 16, pa_probe.KIND]
+    assert int((kinds == 1).sum()) == 8 * 10 and int((kinds == 0).sum()) == 8 * 6

@@ -36,7 +36,8 @@ programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay spli
 ``one-seq-off`` (attention over one sequence searches for its program's sequence as over
 several, ``paged_attention._ONE_SEQ`` off, as before (al)); ``attn-32`` (decode attention in
 32-key tiles where the rule gives 64: twice the slices, 116 registers a thread instead of
-168-183 on sm_90).
+168-183 on sm_90); ``attn-w2`` (decode attention's 64-key tiles in programs of 2 warps instead
+of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of 1).
 """
 
 from __future__ import annotations
@@ -113,6 +114,23 @@ def _decode_tiles_32() -> ExitStack:
     return stack
 
 
+def _decode_warps(warps: int, keys: int = 0) -> ExitStack:
+    """Decode attention in programs of `warps` warps (in `keys`-key tiles where the rule gives
+    64, when keys is given)."""
+    from dataclasses import replace
+
+    plan = importlib.import_module("shared.kernels.attention_plan")
+    stack = _decode_tiles_32() if keys == 32 else ExitStack()
+
+    def tiles(max_query_len: int, *args, **kw):
+        t = plan.pick_tiles(max_query_len, *args, **kw)
+        return replace(t, num_warps=warps) if max_query_len <= 1 and t.tile_n <= 64 else t
+
+    pa = importlib.import_module("shared.kernels.paged_attention")
+    stack.enter_context(_patched(pa, "_pick_tiles", tiles))
+    return stack
+
+
 def _separate_copies(parts, device):
     """staging.to_device_packed as before (ab): one host->device copy a list."""
     from shared.staging import to_device
@@ -147,6 +165,9 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "cache-3": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 3),),
     "attn-64": tuple(_off(m, "decode_tile_keys", _tile_keys_64) for m in _TILE_RULE_MODULES),
     "attn-32": (_decode_tiles_32,),
+    "attn-w2": (lambda: _decode_warps(2),),
+    "attn-32-w2": (lambda: _decode_warps(2, 32),),
+    "attn-32-w1": (lambda: _decode_warps(1, 32),),
     "rope-wide": (_off("shared.kernels.rope_kv", "_MIN_PROGRAMS", 0),),
     "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),

@@ -33,12 +33,15 @@ SM, GRID, KIND = 8, 12, 13  # KIND: 0 attention program with nothing to do, 1 co
 
 def launches(rec: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     """Cut the records (in the order written) into launches: ("attention" | "combine", rows).
-    A launch's programs all finish before the next launch's: its records are consecutive."""
+    A launch's programs all finish before the next launch's: its records are consecutive. A
+    last launch cut short by a full buffer is left out."""
     out, i, n = [], 0, rec.shape[0]
     while i < n:
         grid = int(rec[i, GRID])
         rows = rec[i : i + grid]
         kind = "combine" if int(rec[i, KIND]) == 2 else "attention"
+        if rows.shape[0] < grid and bool(((rows[:, KIND] == 2) == (kind == "combine")).all()):
+            break  # the buffer filled up during this launch
         if rows.shape[0] < grid or any((rows[:, KIND] == 2) != (kind == "combine")):
             raise ValueError(f"records {i}..{i + grid}: not one whole {kind} launch")
         out.append((kind, rows))
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--gen", type=int, default=64)
-    p.add_argument("--capacity", type=int, default=1 << 20, help="records the buffer holds")
+    p.add_argument("--capacity", type=int, default=1 << 22, help="records the buffer holds")
     p.add_argument("--keep", type=Path, help="save each variant's last 8 steps' records here")
     a = p.parse_args(argv)
     from shared.kernels import probe

@@ -97,6 +97,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "wide-72": {19},
         "one-seq-off": {20},
         "attn-32": {21},
+        "attn-16": {21},
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},
@@ -104,6 +105,11 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")
         assert _state()[5] == (64, 64)
+    with ExitStack() as stack:
+        ab.enter_variant(stack, "attn-16")
+        assert _state()[21] == (16, 16)
+        assert graphs.decode_rule(1, 8, 640, 132) == (40, 16)  # past the 32 slices of 32 keys
+        assert graphs.decode_rule(2, 8, 640, 132)[0] == 16  # batch 2 keeps its rule
     for name, warps in (("attn-w2", 2), ("attn-32-w1", 1)):
         with ExitStack() as stack:
             ab.enter_variant(stack, name)

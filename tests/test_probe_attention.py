@@ -108,3 +108,21 @@ def test_probed_decode_attention_records_every_program_and_changes_nothing():
     torch.testing.assert_close(dyn, plain, rtol=0, atol=2e-2)
     kinds = probe.records(buf)[: 8 * 16, pa_probe.KIND]
     assert int((kinds == 1).sum()) == 8 * 10 and int((kinds == 0).sum()) == 8 * 6
+
+
+def test_the_probe_counts_from_the_measured_run(monkeypatch):
+    import tools.bench_w1 as w1
+
+    buf = probe.new_buffer(4, "cpu")
+    seen = []
+
+    def run(*args, **kw):
+        seen.append(int(buf[0]))
+        buf[0] += 3  # the run's programs took slots
+        return 1.0, 2.0
+
+    monkeypatch.setattr(w1, "run_once", run)
+    with pa_probe._measured_run_only(buf):
+        assert w1.run_once() == (1.0, 2.0)  # the warm-up: counted on
+        w1.run_once()  # the measured run: from zero
+    assert seen == [0, 0] and int(buf[0]) == 3 and w1.run_once is run

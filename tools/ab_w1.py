@@ -37,7 +37,8 @@ programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay spli
 several, ``paged_attention._ONE_SEQ`` off, as before (al)); ``attn-32`` (decode attention in
 32-key tiles where the rule gives 64: twice the slices, 116 registers a thread instead of
 168-183 on sm_90); ``attn-w2`` (decode attention's 64-key tiles in programs of 2 warps instead
-of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of 1).
+of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of 1); ``attn-16``
+(16-key tiles where the rule gives 64, batch 1's decode graphs cut into up to 64 slices).
 """
 
 from __future__ import annotations
@@ -99,18 +100,27 @@ _TILE_RULE_MODULES = (
 )
 
 
-def _decode_tiles_32() -> ExitStack:
-    """decode_tile_keys with 32-key tiles where it gives 64 (W1's contexts), in every module
-    that calls it."""
-    rule = importlib.import_module("shared.kernels.attention_plan").decode_tile_keys
+def _decode_tiles(small: int = 32) -> ExitStack:
+    """decode_tile_keys with `small`-key tiles where it gives 64 (W1's contexts), in every
+    module that calls it; with 16, the decode graphs also cut batch 1 into up to 64 slices."""
+    plan = importlib.import_module("shared.kernels.attention_plan")
+    rule, splits = plan.decode_tile_keys, plan.default_num_splits
 
     def keys(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 1 << 30) -> int:
         k = rule(head_dim, cache_dtype, max_kv_len, shared_memory)
-        return 32 if k == 64 else k
+        return small if k == 64 else k
+
+    def slices(seqs: int, heads: int, max_kv_len: int, sms: int, tile_keys: int = 64) -> int:
+        if tile_keys == 16 and seqs == 1:
+            return min(64, -(-max_kv_len // 16))
+        return splits(seqs, heads, max_kv_len, sms, tile_keys)
 
     stack = ExitStack()
     for module in _TILE_RULE_MODULES:
         stack.enter_context(_patched(importlib.import_module(module), "decode_tile_keys", keys))
+    if small == 16:
+        graphs = importlib.import_module("shared.engine.cuda_graphs")
+        stack.enter_context(_patched(graphs, "default_num_splits", slices))
     return stack
 
 
@@ -120,7 +130,7 @@ def _decode_warps(warps: int, keys: int = 0) -> ExitStack:
     from dataclasses import replace
 
     plan = importlib.import_module("shared.kernels.attention_plan")
-    stack = _decode_tiles_32() if keys == 32 else ExitStack()
+    stack = _decode_tiles(keys) if keys else ExitStack()
 
     def tiles(max_query_len: int, *args, **kw):
         t = plan.pick_tiles(max_query_len, *args, **kw)
@@ -164,7 +174,8 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "cache-0": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 0),),
     "cache-3": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 3),),
     "attn-64": tuple(_off(m, "decode_tile_keys", _tile_keys_64) for m in _TILE_RULE_MODULES),
-    "attn-32": (_decode_tiles_32,),
+    "attn-32": (_decode_tiles,),
+    "attn-16": (lambda: _decode_tiles(16),),
     "attn-w2": (lambda: _decode_warps(2),),
     "attn-32-w2": (lambda: _decode_warps(2, 32),),
     "attn-32-w1": (lambda: _decode_warps(1, 32),),

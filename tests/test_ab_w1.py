@@ -57,6 +57,10 @@ def _state() -> tuple:
             graphs.decode_tile_keys(128, torch.bfloat16, 640),
         ),
         pa._pick_tiles(1, 4, 128, torch.bfloat16, True, 640).num_warps,  # decode's programs
+        (
+            pa.decode_tile_keys(128, torch.bfloat16, 640, seqs=1),  # one sequence's rule
+            graphs.decode_tile_keys(128, torch.bfloat16, 640, seqs=1),
+        ),
     )
 
 
@@ -78,7 +82,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "combine-off": {2},
         "gated-off": {3},
         "qkv-unfused": {4},
-        "attn-64": {5},
+        "attn-64": {5, 23},
         "cache-0": {6},
         "cache-3": {6},
         "rope-wide": {7},
@@ -97,7 +101,8 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "wide-72": {19},
         "one-seq-off": {20},
         "attn-32": {21},
-        "attn-16": {21},
+        "attn-16": {21, 23},
+        "short-tiles-off": {23},
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},
@@ -107,7 +112,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         assert _state()[5] == (64, 64)
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-16")
-        assert _state()[21] == (16, 16)
+        assert _state()[21] == _state()[23] == (16, 16)
         assert graphs.decode_rule(1, 8, 640, 132) == (40, 16)  # past the 32 slices of 32 keys
         assert graphs.decode_rule(2, 8, 640, 132)[0] == 16  # batch 2 keeps its rule
     for name, warps in (("attn-w2", 2), ("attn-32-w1", 1)):

@@ -78,6 +78,15 @@ def test_decode_tiles_follow_the_context_cache_dtype_and_grid() -> None:
     assert shape(pa._pick_tiles(1, 4, 128, bf16, False, long)) == (16, 128, 4, 2)
     assert shape(pa._pick_tiles(1, 4, 128, fp8, True, long)) == (16, 128, 4, 3)
     assert shape(pa._pick_tiles(1, 4, 128, bf16, True, 1024)) == (16, 64, 4, 3)
+    # one sequence over a short context: 32-key tiles (W1 on the H200, (am)); batches keep 64
+    assert shape(pa._pick_tiles(1, 4, 128, bf16, True, 1024, seqs=1)) == (16, 32, 4, 3)
+    assert pa.decode_tile_keys(128, torch.float16, 640, seqs=1) == 32
+    assert pa.decode_tile_keys(128, bf16, 1025, seqs=1) == 64
+    assert pa.decode_tile_keys(128, bf16, 640, seqs=2) == 64
+    assert pa.decode_tile_keys(128, fp8, 640, seqs=1) == 64  # not measured: as before
+    assert pa.decode_tile_keys(128, torch.float32, 640, seqs=1) == 64
+    assert pa.decode_tile_keys(256, bf16, 640, seqs=1) == 32
+    assert pa.decode_tile_keys(128, bf16, long, seqs=1) == 128
     assert shape(pa._pick_tiles(1, 4, 128, torch.float32, True, long)) == (16, 64, 4, 3)
     assert shape(pa._pick_tiles(1, 32, 256, bf16, True, long)) == (32, 32, 4, 3)
     assert pa._pick_tiles(64, 4, 128, fp8) == pa._pick_tiles(64, 4, 128)  # prefill: no change

@@ -28,22 +28,23 @@ def test_mixed_buckets_reach_the_token_budget() -> None:
 
 
 def test_decode_buckets_are_captured_at_the_split_counts_of_short_contexts() -> None:
-    """Llama-3-8B's 8 KV heads on 132 SMs, bf16 cache: batch 1 at 512 / 1024 / 4096 keys wants
-    8 / 16 / 32 slices of 64-key tiles, and at 32k 32 slices of 128-key tiles (a graph of its
-    own); batch 2 wants 8 / 16 / 16 and 16 of 128 keys; batch 64 one slice of either tile."""
+    """Llama-3-8B's 8 KV heads on 132 SMs, bf16 cache: batch 1 at 512 / 1024 keys wants 16 /
+    32 slices of 32-key tiles, at 4096 32 of 64 keys and at 32k 32 of 128 keys (a graph each);
+    batch 2 wants 8 / 16 / 16 of 64 keys and 16 of 128 keys; batch 64 one slice of either."""
 
     def slices(b: int, max_model_len: int, dtype=torch.bfloat16) -> list[tuple[int, int]]:
         return [
             (g.splits, g.tile_keys) for g in decode_graphs(b, 8, max_model_len, 132, 128, dtype)
         ]
 
-    assert slices(1, 32768) == [(8, 64), (16, 64), (32, 64), (32, 128)]
+    assert slices(1, 32768) == [(16, 32), (32, 32), (32, 64), (32, 128)]
     assert slices(2, 32768) == [(8, 64), (16, 64), (16, 128)]
     assert slices(4, 32768) == [(8, 64), (8, 128)]
     assert slices(64, 32768) == [(1, 64), (1, 128)]
-    assert slices(1, 4096) == [(8, 64), (16, 64), (32, 64)]  # no long context: one tile
-    assert slices(1, 256) == [(4, 64)]  # no context above max_model_len
+    assert slices(1, 4096) == [(16, 32), (32, 32), (32, 64)]  # no long context
+    assert slices(1, 256) == [(8, 32)]  # no context above max_model_len
     assert slices(1, 32768, torch.float32) == [(8, 64), (16, 64), (32, 64)]
+    assert slices(2, 1024) == [(8, 64), (16, 64)]
     # a graph is captured at the shortest context of its (slices, tile)
     assert [g.context for g in decode_graphs(1, 8, 32768, 132)] == [512, 1024, 4096, 32768]
     graphs = [DecodeGraph(n, 64, 0) for n in (8, 16, 32)] + [DecodeGraph(32, 128, 0)]

@@ -35,10 +35,12 @@ split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-
 programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split);
 ``one-seq-off`` (attention over one sequence searches for its program's sequence as over
 several, ``paged_attention._ONE_SEQ`` off, as before (al)); ``attn-32`` (decode attention in
-32-key tiles where the rule gives 64: twice the slices, 116 registers a thread instead of
-168-183 on sm_90); ``attn-w2`` (decode attention's 64-key tiles in programs of 2 warps instead
-of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of 1); ``attn-16``
-(16-key tiles where the rule gives 64, batch 1's decode graphs cut into up to 64 slices).
+32-key tiles where the rule gives 64, batches too: twice the slices, 116 registers a thread
+instead of 168-183 on sm_90); ``attn-w2`` (decode attention's 64-key tiles in programs of 2
+warps instead of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of 1); ``attn-16``
+(16-key tiles where the rule gives 64 or 32, batch 1's decode graphs cut into up to 64 slices);
+``short-tiles-off`` (one sequence's decode attention over short contexts in 64-key tiles, not
+32, ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am)).
 """
 
 from __future__ import annotations
@@ -88,7 +90,9 @@ def _unfused_split_linear(self, names, outs, in_features):
     return SplitLinear(parts, outs)
 
 
-def _tile_keys_64(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 0) -> int:
+def _tile_keys_64(
+    head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 0, seqs: int = 0
+) -> int:
     return 64 if head_dim <= 128 else 32
 
 
@@ -106,9 +110,11 @@ def _decode_tiles(small: int = 32) -> ExitStack:
     plan = importlib.import_module("shared.kernels.attention_plan")
     rule, splits = plan.decode_tile_keys, plan.default_num_splits
 
-    def keys(head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 1 << 30) -> int:
-        k = rule(head_dim, cache_dtype, max_kv_len, shared_memory)
-        return small if k == 64 else k
+    def keys(
+        head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 1 << 30, seqs: int = 0
+    ) -> int:
+        k = rule(head_dim, cache_dtype, max_kv_len, shared_memory, seqs)
+        return small if k in (32, 64) and head_dim <= 128 else k
 
     def slices(seqs: int, heads: int, max_kv_len: int, sms: int, tile_keys: int = 64) -> int:
         if tile_keys == 16 and seqs == 1:
@@ -121,6 +127,22 @@ def _decode_tiles(small: int = 32) -> ExitStack:
     if small == 16:
         graphs = importlib.import_module("shared.engine.cuda_graphs")
         stack.enter_context(_patched(graphs, "default_num_splits", slices))
+    return stack
+
+
+def _short_tiles_off() -> ExitStack:
+    """decode_tile_keys without its one-sequence rule (64-key tiles at batch 1 over short
+    contexts, as before (am)), in every module that calls it."""
+    rule = importlib.import_module("shared.kernels.attention_plan").decode_tile_keys
+
+    def keys(
+        head_dim: int, cache_dtype, max_kv_len: int, shared_memory: int = 1 << 30, seqs: int = 0
+    ) -> int:
+        return rule(head_dim, cache_dtype, max_kv_len, shared_memory)
+
+    stack = ExitStack()
+    for module in _TILE_RULE_MODULES:
+        stack.enter_context(_patched(importlib.import_module(module), "decode_tile_keys", keys))
     return stack
 
 
@@ -176,6 +198,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-64": tuple(_off(m, "decode_tile_keys", _tile_keys_64) for m in _TILE_RULE_MODULES),
     "attn-32": (_decode_tiles,),
     "attn-16": (lambda: _decode_tiles(16),),
+    "short-tiles-off": (_short_tiles_off,),
     "attn-w2": (lambda: _decode_warps(2),),
     "attn-32-w2": (lambda: _decode_warps(2, 32),),
     "attn-32-w1": (lambda: _decode_warps(1, 32),),

@@ -73,7 +73,7 @@ def decode_rule(
 ) -> tuple[int, int]:
     """(attention slices, key tile) the kernel's rules give a decode batch of seqs sequences
     over contexts of up to context keys (default_num_splits, decode_tile_keys)."""
-    keys = decode_tile_keys(head_dim, cache_dtype, context, shared_memory)
+    keys = decode_tile_keys(head_dim, cache_dtype, context, shared_memory, seqs)
     return default_num_splits(seqs, n_kv_heads, context, sms, keys), keys
 
 

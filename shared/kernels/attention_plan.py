@@ -23,6 +23,11 @@ _MAX_SPLITS = 32
 # sm_75's 64 KB would refuse the launch)
 LONG_DECODE_KEYS = 8192
 _LONG_TILE_SHARED_MEMORY = 96 * 1024
+# one sequence decoding over contexts of at most this many keys reads them in 32-key tiles:
+# every tile its own slice (_MAX_SPLITS of them), a program of 116 registers instead of 168
+# (sm_90). H200, W1 (513-640 keys, BENCHMARKS.md 2026-12-02 (am)): Q4_K_M +2.1 %, Q6_K +1.3 %,
+# Q8_0 +1.0 %; batch 2 lost 1.0 % and batch 4 gained 0.2 %, so batches keep 64 keys
+SHORT_DECODE_KEYS = 1024
 # Steps with prompt chunks: a chunk of a few hundred tokens over a long prefix runs fewer long
 # programs than the GPU has SMs (384 tokens at GQA 4: 12 query tiles x 8 KV heads = 96 programs
 # for 132 SMs, each walking the whole prefix). Such steps split too, when the prefix is long.
@@ -36,6 +41,7 @@ __all__ = [
     "CHUNK_SPLIT_MIN_CONTEXT",
     "FP8",
     "LONG_DECODE_KEYS",
+    "SHORT_DECODE_KEYS",
     "Tiles",
     "chunk_num_splits",
     "chunk_split_limit",
@@ -55,10 +61,17 @@ class Tiles:
 
 
 def decode_tile_keys(
-    head_dim: int, cache_dtype: torch.dtype, max_kv_len: int, shared_memory: int = 1 << 30
+    head_dim: int,
+    cache_dtype: torch.dtype,
+    max_kv_len: int,
+    shared_memory: int = 1 << 30,
+    seqs: int = 0,
 ) -> int:
-    """Keys a decode program's tile holds, for contexts of up to max_kv_len keys on a device
-    that gives a program shared_memory bytes (device.max_shared_memory; default: no limit).
+    """Keys a decode program's tile holds, for seqs sequences (0: not known, as a batch of
+    several) over contexts of up to max_kv_len keys on a device that gives a program
+    shared_memory bytes (device.max_shared_memory; default: no limit).
+
+    One sequence with a 16-bit cache over at most SHORT_DECODE_KEYS keys: 32 (see there).
 
     H200 (BENCHMARKS.md 2026-11-30 (y)): graph-replayed alone, 128-key tiles beat 64-key ones
     for 16-bit and FP8 caches from 2k keys on (batch 1 over 32k: bf16 59.4 -> 45.1 us, FP8
@@ -76,6 +89,8 @@ def decode_tile_keys(
         and shared_memory >= _LONG_TILE_SHARED_MEMORY
     ):
         return 128
+    if seqs == 1 and head_dim <= 128 and cache_dtype.itemsize == 2:
+        return 32 if max_kv_len <= SHORT_DECODE_KEYS else 64
     return 64 if head_dim <= 128 else 32
 
 
@@ -87,13 +102,14 @@ def pick_tiles(
     small_grid: bool = False,
     max_kv_len: int = 0,
     shared_memory: int = 1 << 30,
+    seqs: int = 0,
 ) -> Tiles:
     """Tiles of a launch. Decode (max_query_len 1): small_grid, the grid has at most two
-    programs an SM; max_kv_len and shared_memory as decode_tile_keys takes them."""
+    programs an SM; max_kv_len, shared_memory and seqs as decode_tile_keys takes them."""
     tile_n = 64 if head_dim <= 128 else 32
     rows = triton.next_power_of_2(group)
     if max_query_len <= 1:  # decode: one token per sequence, its GQA group fills the rows
-        keys = decode_tile_keys(head_dim, cache_dtype, max_kv_len, shared_memory)
+        keys = decode_tile_keys(head_dim, cache_dtype, max_kv_len, shared_memory, seqs)
         if keys == 128 and cache_dtype == FP8:
             return Tiles(max(16, rows), keys, 4, 3)
         if keys == 128:

@@ -229,10 +229,12 @@ def paged_attention(
     if num_splits == 0:
         num_splits = 1
         if max_query_len == 1:
-            tile_keys = decode_tile_keys(head_dim, k_cache.dtype, max_kv_len, smem)
+            tile_keys = decode_tile_keys(head_dim, k_cache.dtype, max_kv_len, smem, num_seqs)
             num_splits = default_num_splits(num_seqs, n_kv_heads, max_kv_len, sms, tile_keys)
     small_grid = num_seqs * n_kv_heads * num_splits <= 2 * sms
-    tiles = _pick_tiles(max_query_len, group, head_dim, k_cache.dtype, small_grid, max_kv_len, smem)
+    tiles = _pick_tiles(
+        max_query_len, group, head_dim, k_cache.dtype, small_grid, max_kv_len, smem, num_seqs
+    )
 
     kv_fp8 = k_cache.dtype == FP8
     fp8_from_bytes = kv_fp8 and not _native_fp8(q.device)

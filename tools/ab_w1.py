@@ -37,10 +37,11 @@ programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay spli
 several, ``paged_attention._ONE_SEQ`` off, as before (al)); ``attn-32`` (decode attention in
 32-key tiles where the rule gives 64, batches too: twice the slices, 116 registers a thread
 instead of 168-183 on sm_90); ``attn-w2`` (decode attention's 64-key tiles in programs of 2
-warps instead of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of 1); ``attn-16``
-(16-key tiles where the rule gives 64 or 32, batch 1's decode graphs cut into up to 64 slices);
-``short-tiles-off`` (one sequence's decode attention over short contexts in 64-key tiles, not
-32, ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am)).
+warps instead of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of
+1); ``attn-16`` (16-key tiles where the rule gives 64 or 32, batch 1's decode graphs cut
+into up to 64 slices); ``short-tiles-off`` (one sequence's decode attention over short
+contexts in 64-key tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before
+(am)).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 import shared.engine.cuda_graphs as graphs
 import shared.kernels.norm as norm
 import shared.kernels.paged_attention as pa
+import shared.kernels.qmatmul.packed_int8_pair as pair
 import shared.kernels.qmatmul.packed_int8_rows as rows
 import shared.kernels.qmatmul.packed_int8_rows_batch as rows_batch
 import shared.kernels.rope_kv as rope_kv
@@ -61,6 +62,8 @@ def _state() -> tuple:
             pa.decode_tile_keys(128, torch.bfloat16, 640, seqs=1),  # one sequence's rule
             graphs.decode_tile_keys(128, torch.bfloat16, 640, seqs=1),
         ),
+        pa._OWN_APART,
+        (rows.pdl, pair.pdl),
     )
 
 
@@ -103,6 +106,8 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-32": {21},
         "attn-16": {21, 23},
         "short-tiles-off": {23},
+        "own-apart": {24},
+        "gemv-pdl-off": {25},
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},

@@ -29,6 +29,7 @@ import torch
 T_START, T_WAIT, T_WALKED, T_END = 0, 1, 2, 3
 C_START, C_WAIT, C_WALKED, C_END = 4, 5, 6, 7
 SM, GRID, KIND = 8, 12, 13  # KIND: 0 attention program with nothing to do, 1 computed, 2 combine
+T_Q = 15  # an attention program's: when its queries came (global ns)
 
 
 def launches(rec: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
@@ -71,6 +72,8 @@ def layers(rec: torch.Tensor, grid: int) -> list[dict[str, float]]:
             "attention last start": us(a[:, T_START].max()),
             "started after w0 (share)": float((a[:, T_START] > w0).double().mean()),
             "attention last wait return": us(a[:, T_WAIT].max()),
+            "queries came (median)": us(live[:, T_Q].median()),
+            "queries came (last)": us(live[:, T_Q].max()),
             "keys walked (median)": us(live[:, T_WALKED].median()),
             "keys walked (last)": us(live[:, T_WALKED].max()),
             "wait to walked, cycles (median, µs)": float(cyc.median()),

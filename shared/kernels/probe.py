@@ -21,7 +21,7 @@ import triton.language as tl
 RECORD = 16  # int64 words a record
 TIMES = 4  # points a record: global times, then the same points' SM cycle counts
 
-__all__ = ["RECORD", "TIMES", "new_buffer", "now", "records", "sm_id", "write_record"]
+__all__ = ["RECORD", "TIMES", "new_buffer", "now", "now_each", "records", "sm_id", "write_record"]
 
 
 @triton.jit
@@ -34,6 +34,14 @@ def now(dep):
         "mov.u64 $0, %clock64;", "=l,r", [dep], dtype=tl.int64, is_pure=False, pack=1
     )
     return t, c
+
+
+@triton.jit
+def now_each(dep):
+    """Global ns read by each element once it (an int32 tensor: a load's values) is there."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l,r", [dep], dtype=tl.int64, is_pure=False, pack=1
+    )
 
 
 @triton.jit

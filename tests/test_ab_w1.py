@@ -111,6 +111,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},
+        "attn-64-w8": {22, 23},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

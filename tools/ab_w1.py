@@ -38,8 +38,9 @@ several, ``paged_attention._ONE_SEQ`` off, as before (al)); ``attn-32`` (decode 
 32-key tiles where the rule gives 64, batches too: twice the slices, 116 registers a thread
 instead of 168-183 on sm_90); ``attn-w2`` (decode attention's 64-key tiles in programs of 2
 warps instead of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of
-1); ``attn-16`` (16-key tiles where the rule gives 64 or 32, batch 1's decode graphs cut
-into up to 64 slices); ``short-tiles-off`` (one sequence's decode attention over short
+1); ``attn-64-w8`` (64-key tiles in programs of 8 warps, one sequence too); ``attn-16``
+(16-key tiles where the rule gives 64 or 32, batch 1's decode graphs cut into up to 64
+slices); ``short-tiles-off`` (one sequence's decode attention over short
 contexts in 64-key tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before
 (am)); ``own-apart`` (on: decode attention weighs the step's own key beside its prefetched
 tile, ``paged_attention._OWN_APART``); ``gemv-pdl-off`` (the batch-1 rows and paired GEMVs
@@ -210,6 +211,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-w2": (lambda: _decode_warps(2),),
     "attn-32-w2": (lambda: _decode_warps(2, 32),),
     "attn-32-w1": (lambda: _decode_warps(1, 32),),
+    "attn-64-w8": (lambda: _decode_warps(8, 64),),
     "rope-wide": (_off("shared.kernels.rope_kv", "_MIN_PROGRAMS", 0),),
     "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),

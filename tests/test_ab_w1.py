@@ -62,7 +62,6 @@ def _state() -> tuple:
             pa.decode_tile_keys(128, torch.bfloat16, 640, seqs=1),  # one sequence's rule
             graphs.decode_tile_keys(128, torch.bfloat16, 640, seqs=1),
         ),
-        pa._OWN_APART,
         (rows.pdl, pair.pdl),
     )
 
@@ -106,8 +105,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-32": {21},
         "attn-16": {21, 23},
         "short-tiles-off": {23},
-        "own-apart": {24},
-        "gemv-pdl-off": {25},
+        "gemv-pdl-off": {24},
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},

@@ -333,24 +333,3 @@ def test_one_sequence_without_the_search_gives_the_same_bits(monkeypatch, name) 
         direct = run_kernel(batch, 0.125, 0, num_splits=2)
         assert torch.equal(direct, searched)
         assert_close(direct, reference(batch, 0.125), TOL[F32])
-
-
-@pytest.mark.parametrize(
-    "dtype,window,splits,block_size,small",
-    [(F32, 0, 3, 16, True), (F32, 13, 1, 32, False), (BF16, 0, 2, 16, True),
-     (F16, 9, 2, 8, False), (BF16, 0, 1, 16, False)],
-)  # fmt: skip
-def test_own_key_beside_the_prefetched_tile(
-    request, monkeypatch, dtype, window, splits, block_size, small
-) -> None:
-    """``_OWN_APART``: decode programs weigh the step's own key and value beside the tile they
-    loaded before the wait instead of merging them in; one sequence and several, every split."""
-    if small:
-        request.getfixturevalue("small_tiles")
-    monkeypatch.setattr(pa, "_OWN_APART", True)
-    q_lens, ctx_lens = scenario("decode")
-    for lens in ((q_lens[:1], ctx_lens[:1]), (q_lens, ctx_lens)):
-        batch = make_batch(*lens, 8, 2, 128 if dtype != F32 else 64, block_size, dtype)
-        scale = batch.q.shape[-1] ** -0.5
-        out = run_kernel(batch, scale, window, num_splits=splits)
-        assert_close(out, reference(batch, scale, window), TOL[dtype])

@@ -42,8 +42,7 @@ warps instead of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of
 (16-key tiles where the rule gives 64 or 32, batch 1's decode graphs cut into up to 64
 slices); ``short-tiles-off`` (one sequence's decode attention over short
 contexts in 64-key tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before
-(am)); ``own-apart`` (on: decode attention weighs the step's own key beside its prefetched
-tile, ``paged_attention._OWN_APART``); ``gemv-pdl-off`` (the batch-1 rows and paired GEMVs
+(am)); ``gemv-pdl-off`` (the batch-1 rows and paired GEMVs
 launched after the kernel before them ends, no weights requested early: a diagnosis).
 """
 
@@ -203,7 +202,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-32": (_decode_tiles,),
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),
-    "own-apart": (_off("shared.kernels.paged_attention", "_OWN_APART", True),),
     "gemv-pdl-off": (
         _off("shared.kernels.qmatmul.packed_int8_rows", "pdl", lambda device, kernel: False),
         _off("shared.kernels.qmatmul.packed_int8_pair", "pdl", lambda device, kernel: False),

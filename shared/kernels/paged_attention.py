@@ -62,9 +62,6 @@ _PREFETCH = True
 # of the program's sequence, blocks and first keys start one memory round trip sooner. H200,
 # W1 Q4_K_M, two rounds in one process (BENCHMARKS.md 2026-12-02 (al)): +0.3 % and +0.8 %
 _ONE_SEQ = True
-# with _PREFETCH: the step's own key and value loaded after wait_prev as one row each and
-# weighed beside the prefetched tile, instead of a whole tile's masked loads merged into it
-_OWN_APART = False
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -293,7 +290,6 @@ def paged_attention(
         PDL=early,
         PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
         ONE_SEQ=_ONE_SEQ,
-        OWN_APART=_OWN_APART,
         PROBE=probe is not None,
         probe_ptr=probe,
         num_warps=tiles.num_warps,

@@ -162,42 +162,6 @@ def _attend_tile(
 
 
 @triton.jit
-def _attend_prefetched(
-    q,  # [BLOCK_M, BLOCK_D] in the compute dtype (one query a sequence: decode)
-    q_pos,  # [BLOCK_M]: `context` for the rows of a query, -1 for padding rows
-    context,  # the step's own key's position
-    qk_scale,
-    sliding_window,
-    key,  # [TILE_N] the tile's key positions
-    pre_k,  # [BLOCK_D, TILE_N] the keys before `context`, zero from it on
-    pre_v,  # [TILE_N, BLOCK_D]
-    k_own,  # [BLOCK_M, BLOCK_D] float32: the step's own key (each row), 0 if not in this tile
-    v_own,  # [BLOCK_M, BLOCK_D] float32: its value
-    has_own,  # the own key is in this tile
-    USE_WINDOW: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):
-    """The first tile's (m, l, acc) of a decode program from keys and values loaded before
-    wait_prev; the step's own key, written by the kernel before and loaded after the wait as
-    one row, is weighed beside the tile (a dot product and an outer product), not merged in."""
-    s = _dot(q, pre_k, None, DOT_PRECISION, INTERPRETED) * qk_scale
-    seen = (key[None, :] < context) & (q_pos[:, None] >= 0)  # padding rows see nothing
-    if USE_WINDOW:
-        seen = seen & (q_pos[:, None] - key[None, :] < sliding_window)
-    s = tl.where(seen, s, float("-inf"))
-    s_own = tl.sum(q.to(tl.float32) * k_own, 1) * qk_scale
-    s_own = tl.where(has_own & (q_pos >= context), s_own, float("-inf"))
-    m = tl.maximum(tl.max(s, 1), s_own)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    p = tl.exp2(s - m_safe[:, None])
-    p_own = tl.exp2(s_own - m_safe)
-    l_i = tl.sum(p, 1) + p_own
-    acc = _dot(to_dtype(p, q.dtype, INTERPRETED), pre_v, None, DOT_PRECISION, INTERPRETED)
-    return m, l_i, acc + p_own[:, None] * v_own
-
-
-@triton.jit
 def _paged_attention_kernel(
     out_ptr,  # [T, n_heads, head_dim] (not written with split-K)
     part_acc_ptr,  # [num_splits, T, n_heads, head_dim] float32 (split-K only)
@@ -257,7 +221,6 @@ def _paged_attention_kernel(
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
     ONE_SEQ: tl.constexpr = False,  # one sequence found without _find_seq's load
-    OWN_APART: tl.constexpr = False,  # PREFETCH: the step's own key beside the tile, not in it
     PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
     probe_ptr=None,
 ):
@@ -309,12 +272,6 @@ def _paged_attention_kernel(
         pre_k = tl.load(k_ptr + pk_off, mask=d_ok[:, None] & old[None, :], other=0.0)
         pv_off = pre_block[:, None] * stride_v_b + pslot[:, None] * stride_v_t + d[None, :]
         pre_v = tl.load(v_ptr + pv_off, mask=old[:, None] & d_ok[None, :], other=0.0)
-        if OWN_APART:  # where the step's own key (at `context`) goes, if in this tile
-            own = pkey_ok & (pkey == context)
-            has_own = tl.sum(own.to(tl.int32), 0) > 0
-            own_block = tl.sum(tl.where(own, pre_block, 0), 0)
-            own_k = k_ptr + own_block * stride_k_b + (context % BLOCK_SIZE) * stride_k_t
-            own_v = v_ptr + own_block * stride_v_b + (context % BLOCK_SIZE) * stride_v_t
     wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
     if PROBE:
         g1, c1 = probe.now(0)
@@ -334,10 +291,6 @@ def _paged_attention_kernel(
     io_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
     q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
-    if PREFETCH and OWN_APART:  # the own key and value as rows of q's shape, with q's round trip
-        own_ok = has_own & (rows < BLOCK_M)[:, None] & (d < HEAD_DIM)[None, :]
-        k_own = tl.load(own_k + d[None, :], mask=own_ok, other=0.0).to(tl.float32)
-        v_own = tl.load(own_v + d[None, :], mask=own_ok, other=0.0).to(tl.float32)
     if PROBE:  # when q came (its last element in the program)
         t_q = probe.now_each(q.to(tl.float32).to(tl.int32, bitcast=True))
     # operands in the cache dtype, like the reference. An FP8 cache's values are exact in fp16,
@@ -359,14 +312,7 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if PREFETCH and OWN_APART:  # the first tile as loaded before the wait, the own key beside
-        if tile_lo < tile_hi:
-            m_i, l_i, acc = _attend_prefetched(
-                q, q_pos, context, qk_scale, sliding_window, pkey, pre_k, pre_v, k_own, v_own,
-                has_own, USE_WINDOW, DOT_PRECISION, INTERPRETED,
-            )  # fmt: skip
-        tile_lo += 1
-    elif PREFETCH:  # the first tile from what came before the wait, and the step's own keys
+    if PREFETCH:  # the first tile from what came before the wait, and the step's own keys
         if tile_lo < tile_hi:
             m_i, l_i, acc = _attend_tile(
                 q, m_i, l_i, acc, tile_lo, q_pos, seq_len, sliding_window, qk_scale,

@@ -15,6 +15,7 @@ def _record(start, wait, walked, end, kind, grid, sm=0):
     r[:4] = torch.tensor([start, wait, walked, end])
     r[4:8] = r[:4] * 2  # cycles at 2 GHz
     r[pa_probe.SM], r[pa_probe.GRID], r[pa_probe.KIND] = sm, grid, kind
+    r[pa_probe.T_Q] = wait + 400 if kind == 1 else 0  # the queries came 0.4 us after the wait
     return r
 
 
@@ -42,6 +43,7 @@ def test_layers_are_timed_from_the_first_wait_return():
     assert f["attention last start"] == 0.5
     assert f["started after w0 (share)"] == 0.25
     assert f["attention last wait return"] == 0.6
+    assert f["queries came (median)"] == 0.5 and f["queries came (last)"] == 1.0
     assert f["keys walked (last)"] == 3.0
     assert f["attention last end"] == 3.1
     assert f["combine first wait return"] == 3.3
@@ -96,6 +98,9 @@ def test_probed_decode_attention_records_every_program_and_changes_nothing():
     assert kinds == [("attention", 8 * 16), ("combine", 32)]
     times = rec[:, :4]
     assert bool((times[:, 1:] >= times[:, :-1]).all()), "points out of order"
+    live = rec[rec[:, pa_probe.KIND] == 1]
+    came = live[:, pa_probe.T_Q]
+    assert bool(((came >= live[:, 1]) & (came <= live[:, 2])).all()), "queries outside the walk"
     # a split count fixed at launch: every slice computes (slices 10-15 over no keys)
     assert bool((rec[: 8 * 16, pa_probe.KIND] == 1).all())
     found = pa_probe.layers(rec, 8 * 16)

@@ -40,10 +40,10 @@ instead of 168-183 on sm_90); ``attn-w2`` (decode attention's 64-key tiles in pr
 warps instead of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of 2 warps, of
 1); ``attn-64-w8`` (64-key tiles in programs of 8 warps, one sequence too); ``attn-16``
 (16-key tiles where the rule gives 64 or 32, batch 1's decode graphs cut into up to 64
-slices); ``short-tiles-off`` (one sequence's decode attention over short
-contexts in 64-key tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before
-(am)); ``gemv-pdl-off`` (the batch-1 rows and paired GEMVs
-launched after the kernel before them ends, no weights requested early: a diagnosis).
+slices); ``short-tiles-off`` (one sequence's decode attention over short contexts in 64-key
+tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am));
+``gemv-pdl-off`` (the batch-1 rows and paired GEMVs launched after the kernel before them
+ends, no weights requested early: a diagnosis).
 """
 
 from __future__ import annotations
@@ -108,8 +108,9 @@ _TILE_RULE_MODULES = (
 
 
 def _decode_tiles(small: int = 32) -> ExitStack:
-    """decode_tile_keys with `small`-key tiles where it gives 64 (W1's contexts), in every
-    module that calls it; with 16, the decode graphs also cut batch 1 into up to 64 slices."""
+    """decode_tile_keys with `small`-key tiles where it gives 64 or 32 to heads of up to 128
+    (W1's contexts; batches too), in every module that calls it; with 16, the decode graphs
+    also cut batch 1 into up to 64 slices."""
     plan = importlib.import_module("shared.kernels.attention_plan")
     rule, splits = plan.decode_tile_keys, plan.default_num_splits
 
@@ -151,7 +152,7 @@ def _short_tiles_off() -> ExitStack:
 
 def _decode_warps(warps: int, keys: int = 0) -> ExitStack:
     """Decode attention in programs of `warps` warps (in `keys`-key tiles where the rule gives
-    64, when keys is given)."""
+    64 or 32, when keys is given: see _decode_tiles)."""
     from dataclasses import replace
 
     plan = importlib.import_module("shared.kernels.attention_plan")

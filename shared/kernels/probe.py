@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-RECORD = 16  # int64 words a record
+RECORD = 16  # int64 words a record (write_record's offsets: 4 times, 4 cycle counts, 8 words)
 TIMES = 4  # points a record: global times, then the same points' SM cycle counts
+_RECORD = tl.constexpr(RECORD)
 
 __all__ = ["RECORD", "TIMES", "new_buffer", "now", "now_each", "records", "sm_id", "write_record"]
 
@@ -46,6 +47,7 @@ def now_each(dep):
 
 @triton.jit
 def sm_id(dep):
+    """The program's SM, read once `dep` (an int32 scalar) is computed."""
     return tl.inline_asm_elementwise(
         "mov.u32 $0, %smid;", "=r,r", [dep], dtype=tl.int32, is_pure=False, pack=1
     )
@@ -56,7 +58,7 @@ def write_record(probe_ptr, t0, t1, t2, t3, c0, c1, c2, c3, w0, w1, w2, w3, w4, 
     """Append one record (four times, their cycle counts, eight words of the caller's)."""
     slot = tl.atomic_add(probe_ptr, 1).to(tl.int64)
     if slot < tl.load(probe_ptr + 1):
-        r = probe_ptr + (slot + 1) * 16
+        r = probe_ptr + (slot + 1) * _RECORD
         tl.store(r + 0, t0)
         tl.store(r + 1, t1)
         tl.store(r + 2, t2)

@@ -63,6 +63,7 @@ def _state() -> tuple:
             graphs.decode_tile_keys(128, torch.bfloat16, 640, seqs=1),
         ),
         (rows.pdl, pair.pdl),
+        norm._LOADS_FIRST,
     )
 
 
@@ -106,6 +107,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-16": {21, 23},
         "short-tiles-off": {23},
         "gemv-pdl-off": {24},
+        "norm-loads-first": {25},
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},

@@ -43,7 +43,8 @@ warps instead of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of
 slices); ``short-tiles-off`` (one sequence's decode attention over short contexts in 64-key
 tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am));
 ``gemv-pdl-off`` (the batch-1 rows and paired GEMVs launched after the kernel before them
-ends, no weights requested early: a diagnosis).
+ends, no weights requested early: a diagnosis); ``norm-loads-first`` (on: the RMSNorm's loads
+in one round trip, ``norm._LOADS_FIRST``).
 """
 
 from __future__ import annotations
@@ -203,6 +204,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-32": (_decode_tiles,),
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),
+    "norm-loads-first": (_off("shared.kernels.norm", "_LOADS_FIRST", True),),
     "gemv-pdl-off": (
         _off("shared.kernels.qmatmul.packed_int8_rows", "pdl", lambda device, kernel: False),
         _off("shared.kernels.qmatmul.packed_int8_pair", "pdl", lambda device, kernel: False),

@@ -64,6 +64,7 @@ def _state() -> tuple:
         ),
         (rows.pdl, pair.pdl),
         norm._LOADS_FIRST,
+        pa._COMBINE_LOADS_FIRST,
     )
 
 
@@ -108,6 +109,8 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "short-tiles-off": {23},
         "gemv-pdl-off": {24},
         "norm-loads-first": {25},
+        "combine-loads-first": {26},
+        "loads-first": {25, 26},
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},

@@ -207,9 +207,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),
     "norm-loads-first": (_off("shared.kernels.norm", "_LOADS_FIRST", True),),
-    "combine-loads-first": (
-        _off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),
-    ),
+    "combine-loads-first": (_off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),),
     "loads-first": (
         _off("shared.kernels.norm", "_LOADS_FIRST", True),
         _off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),

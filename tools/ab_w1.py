@@ -111,6 +111,14 @@ _TILE_RULE_MODULES = (
 )
 
 
+def _tile_rule(keys: Callable[..., int]) -> ExitStack:
+    """decode_tile_keys replaced by `keys` in every module that calls it."""
+    stack = ExitStack()
+    for module in _TILE_RULE_MODULES:
+        stack.enter_context(_patched(importlib.import_module(module), "decode_tile_keys", keys))
+    return stack
+
+
 def _decode_tiles(small: int = 32) -> ExitStack:
     """decode_tile_keys with `small`-key tiles where it gives 64 or 32 to heads of up to 128
     (W1's contexts; batches too), in every module that calls it; with 16, the decode graphs
@@ -129,9 +137,7 @@ def _decode_tiles(small: int = 32) -> ExitStack:
             return min(64, -(-max_kv_len // 16))
         return splits(seqs, heads, max_kv_len, sms, tile_keys)
 
-    stack = ExitStack()
-    for module in _TILE_RULE_MODULES:
-        stack.enter_context(_patched(importlib.import_module(module), "decode_tile_keys", keys))
+    stack = _tile_rule(keys)
     if small == 16:
         graphs = importlib.import_module("shared.engine.cuda_graphs")
         stack.enter_context(_patched(graphs, "default_num_splits", slices))
@@ -148,10 +154,7 @@ def _short_tiles_off() -> ExitStack:
     ) -> int:
         return rule(head_dim, cache_dtype, max_kv_len, shared_memory)
 
-    stack = ExitStack()
-    for module in _TILE_RULE_MODULES:
-        stack.enter_context(_patched(importlib.import_module(module), "decode_tile_keys", keys))
-    return stack
+    return _tile_rule(keys)
 
 
 def _decode_warps(warps: int, keys: int = 0) -> ExitStack:
@@ -203,7 +206,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
     "cache-0": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 0),),
     "cache-3": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 3),),
-    "attn-64": tuple(_off(m, "decode_tile_keys", _tile_keys_64) for m in _TILE_RULE_MODULES),
+    "attn-64": (lambda: _tile_rule(_tile_keys_64),),
     "attn-32": (_decode_tiles,),
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),

@@ -317,14 +317,14 @@ def gemv_int8_rows_kernel(
 def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp,
                      int8=None, out_int8=None, rope=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
-    partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg:
-    num_warps (= KW, chunks in flight), PREFETCH and QX as packed_int8's, MAXNREG (a register
-    cap other than maxnreg's); int8: x rounded for
-    pw's layout already (xq, xd, xs, e.g. by the RMSNorm that made it: norm.add_rms_norm_int8),
-    else a launch rounds it (or the GEMV itself, with QX); out_int8: with act, (xq, xd, xs, W,
-    G) buffers the gated outputs are rounded into for the next GEMV (W 16 or 32); rope:
-    (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row 0) for Q/K/V rows whose epilogue
-    rotates q and k and writes k and v to the cache (without act)."""
+    partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg: num_warps
+    (= KW, chunks in flight), PREFETCH and QX as packed_int8's, MAXNREG (a register cap other
+    than maxnreg's); int8: x rounded for pw's layout already (xq, xd, xs, e.g. by the RMSNorm
+    that made it: norm.add_rms_norm_int8), else a launch rounds it (or the GEMV itself, with
+    QX); out_int8: with act, (xq, xd, xs, W, G) buffers the gated outputs are rounded into for
+    the next GEMV (W 16 or 32); rope: (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row
+    0) for Q/K/V rows whose epilogue rotates q and k and writes k and v to the cache (without
+    act)."""
     qx = bool(cfg.get("QX")) and int8 is None
     if int8 is not None:
         xq, xd, xs = int8

@@ -104,8 +104,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         xd, xs = torch.empty(chunks * g), torch.empty(chunks * g)
         qr = importlib.import_module("shared.kernels.qmatmul.qkv_rope")
         rope = qr.no_rope_args(x)
-        consts = {"ROPE": False, "HEAD_DIM": 128, "ROPE_DIM": 128, "HAS_FF": False,
-                  "SLOT_FIRST": qr.SLOT_FIRST}  # fmt: skip
+        consts = {"ROPE": False, "HEAD_DIM": 128, "ROPE_DIM": 128, "HAS_FF": False}
         if kind == "gemv-r8r":  # with RoPE and the KV write in its epilogue (bf16 cache)
             pos, cache = torch.zeros(1, dtype=torch.int64), torch.empty(8, dtype=torch.bfloat16)
             rope = (pos, pos, cache, cache, torch.empty(64), 0, 4096, 1024, 1.0, -0.3)

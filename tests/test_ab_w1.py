@@ -16,7 +16,6 @@ import shared.kernels.paged_attention as pa
 import shared.kernels.qmatmul.packed_int8_pair as pair
 import shared.kernels.qmatmul.packed_int8_rows as rows
 import shared.kernels.qmatmul.packed_int8_rows_batch as rows_batch
-import shared.kernels.qmatmul.qkv_rope as qkv_rope
 import shared.kernels.rope_kv as rope_kv
 import shared.model.batch as batch
 import shared.model.linear as linear
@@ -65,8 +64,6 @@ def _state() -> tuple:
         ),
         (rows.pdl, pair.pdl),
         norm._LOADS_FIRST,
-        pa._COMBINE_LOADS_FIRST,
-        qkv_rope.SLOT_FIRST,
     )
 
 
@@ -111,9 +108,6 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "short-tiles-off": {23},
         "gemv-pdl-off": {24},
         "norm-loads-first": {25},
-        "combine-loads-first": {26},
-        "slot-first": {27},
-        "loads-first": {25, 26, 27},
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},

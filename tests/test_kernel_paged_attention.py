@@ -333,32 +333,3 @@ def test_one_sequence_without_the_search_gives_the_same_bits(monkeypatch, name) 
         direct = run_kernel(batch, 0.125, 0, num_splits=2)
         assert torch.equal(direct, searched)
         assert_close(direct, reference(batch, 0.125), TOL[F32])
-
-
-@pytest.mark.parametrize("name", ["decode", "mixed"])
-def test_combine_loads_first_changes_no_bit(monkeypatch, name) -> None:
-    """``_COMBINE_LOADS_FIRST`` only moves the combine pass's loads: its output is bit for bit
-    the default's, with split counts fixed at launch and read on the device, and one token's
-    int8 rounding for the next GEMV too."""
-    q_lens, ctx_lens = scenario(name)
-    batch = make_batch(q_lens, ctx_lens, 8, 2, 128, 16, BF16)
-    one = make_batch(q_lens[:1], ctx_lens[:1], 8, 2, 128, 16, BF16)
-    i32 = {"dtype": torch.int32, "device": batch.q.device}
-
-    def run():
-        fixed = run_kernel(batch, 0.1, 0, num_splits=3)
-        dynamic = run_kernel(batch, 0.1, 0, num_splits=4, num_splits_t=torch.tensor([3], **i32))
-        rounded = pa.paged_attention(
-            one.q, one.k_cache, one.v_cache, one.block_tables,
-            torch.tensor(one.query_start_loc, **i32), torch.tensor(one.seq_lens, **i32), 0.1,
-            max_query_len=one.max_query_len, num_splits=2, int8_layout=(32, 8),
-        )  # fmt: skip
-        return fixed, dynamic, rounded[0], *rounded[1].get((32, 8), ())
-
-    monkeypatch.setattr(pa, "_COMBINE_LOADS_FIRST", False)
-    before = run()
-    monkeypatch.setattr(pa, "_COMBINE_LOADS_FIRST", True)
-    after = run()
-    assert len(before) == len(after) == 3 + 3 * (one.max_query_len == 1)
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert_close(after[0], reference(batch, 0.1), TOL[BF16])

@@ -5,8 +5,7 @@
   followed by ``rope_and_write_kv`` (bit for bit under the interpreter; within a bfloat16 unit
   of the last place on a GPU, where the compiler may contract the rotation differently), with
   frequency factors, a partial rope_dim, split K, a negative slot (nothing written) and
-  bfloat16 and float32 caches, with the token's slot loaded at the programs' start or in the
-  epilogue; the split-K tickets are back at zero;
+  bfloat16 and float32 caches; the split-K tickets are back at zero;
 - the paired launch (Q4_K_M's Q4_K q/k beside a Q6_K v) likewise;
 - ``SplitLinear.forward_rope`` runs it over interleaved parts and refuses what it cannot take
   (a bias, rows that are not q/k/v, more than one token, an FP8 cache, q in a type measured
@@ -23,7 +22,6 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.device import interpreted
-from shared.kernels.qmatmul import qkv_rope
 from shared.kernels.qmatmul.int8_activations import prepare_int8
 from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_int8_pair import gemv_int8_pair_kernel, rows_gemv_pair
@@ -41,13 +39,6 @@ pytestmark = pytest.mark.skipif(
 )
 N_HEADS, N_KV, HEAD_DIM, K = 4, 2, 32, 512
 Q_DIM, KV_DIM = N_HEADS * HEAD_DIM, N_KV * HEAD_DIM
-
-
-@pytest.fixture(params=[False, True], ids=["slot-late", "slot-first"])
-def slot_first(request, monkeypatch) -> bool:
-    """Both places of the token's slot load (``qkv_rope.SLOT_FIRST``): the same values."""
-    monkeypatch.setattr(qkv_rope, "SLOT_FIRST", request.param)
-    return request.param
 
 
 def _weight(qtype: T, n: int, seed: int):
@@ -88,7 +79,7 @@ def _same(got: torch.Tensor, want: torch.Tensor) -> None:
     [(1, torch.bfloat16, 32, True), (2, torch.bfloat16, 16, False), (2, torch.float32, 32, True)],
 )
 def test_the_epilogue_equals_the_gemv_then_rope_and_write_kv(
-    qtype: T, split: int, dtype: torch.dtype, rope_dim: int, factors: bool, slot_first: bool
+    qtype: T, split: int, dtype: torch.dtype, rope_dim: int, factors: bool
 ) -> None:
     pw = _weight(qtype, Q_DIM + 2 * KV_DIM, seed=split)
     x = torch.randn(1, K, generator=torch.Generator().manual_seed(7)).to(DEVICE, dtype)
@@ -105,7 +96,7 @@ def test_the_epilogue_equals_the_gemv_then_rope_and_write_kv(
     assert not t.k_cache[0].any() and not t.v_cache[2:].any()  # nothing else written
 
 
-def test_a_negative_slot_writes_nothing(slot_first: bool) -> None:
+def test_a_negative_slot_writes_nothing() -> None:
     pw = _weight(T.Q4_K, Q_DIM + 2 * KV_DIM, seed=1)
     x = torch.randn(1, K, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
     t = _target(torch.bfloat16, -1, HEAD_DIM, False)
@@ -116,7 +107,7 @@ def test_a_negative_slot_writes_nothing(slot_first: bool) -> None:
 
 
 @pytest.mark.parametrize("split", [1, 2])
-def test_the_paired_launch_takes_it_too(split: int, slot_first: bool) -> None:
+def test_the_paired_launch_takes_it_too(split: int) -> None:
     """Q4_K q/k (rows 0 .. Q_DIM + KV_DIM) beside a Q6_K v (the rest), one launch."""
     a, b = _weight(T.Q4_K, Q_DIM + KV_DIM, seed=2), _weight(T.Q6_K, KV_DIM, seed=3)
     x = torch.randn(1, K, generator=torch.Generator().manual_seed(2)).to(DEVICE, torch.bfloat16)

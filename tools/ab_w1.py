@@ -44,10 +44,7 @@ slices); ``short-tiles-off`` (one sequence's decode attention over short context
 tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am));
 ``gemv-pdl-off`` (the batch-1 rows and paired GEMVs launched after the kernel before them
 ends, no weights requested early: a diagnosis); ``norm-loads-first`` (on: the RMSNorm's loads
-in one round trip, ``norm._LOADS_FIRST``); ``combine-loads-first`` (on: the attention combine
-pass's loads in one round trip, ``paged_attention._COMBINE_LOADS_FIRST``); ``slot-first``
-(on: the Q/K/V GEMV's RoPE epilogue with the token's slot loaded at its programs' start,
-``qkv_rope.SLOT_FIRST``); ``loads-first`` (all three).
+in one round trip, ``norm._LOADS_FIRST``).
 """
 
 from __future__ import annotations
@@ -211,13 +208,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),
     "norm-loads-first": (_off("shared.kernels.norm", "_LOADS_FIRST", True),),
-    "combine-loads-first": (_off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),),
-    "slot-first": (_off("shared.kernels.qmatmul.qkv_rope", "SLOT_FIRST", True),),
-    "loads-first": (
-        _off("shared.kernels.norm", "_LOADS_FIRST", True),
-        _off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),
-        _off("shared.kernels.qmatmul.qkv_rope", "SLOT_FIRST", True),
-    ),
     "gemv-pdl-off": (
         _off("shared.kernels.qmatmul.packed_int8_rows", "pdl", lambda device, kernel: False),
         _off("shared.kernels.qmatmul.packed_int8_pair", "pdl", lambda device, kernel: False),

@@ -62,9 +62,6 @@ _PREFETCH = True
 # of the program's sequence, blocks and first keys start one memory round trip sooner. H200,
 # W1 Q4_K_M, two rounds in one process (BENCHMARKS.md 2026-12-02 (al)): +0.3 % and +0.8 %
 _ONE_SEQ = True
-# the combine pass's loads in one round trip: its slices' sums issued with their maxima (sm_90:
-# a 32-slice combine took two, the sums' after the maxima's weights). Off: not yet timed.
-_COMBINE_LOADS_FIRST = False
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -319,7 +316,6 @@ def paged_attention(
             G=g,
             PROBE=probe is not None,
             probe_ptr=probe,
-            LOADS_FIRST=_COMBINE_LOADS_FIRST,
             **launch_kw(early),
         )  # fmt: skip
     return out if int8_layout is None else (out, rounded)

@@ -43,7 +43,6 @@ def _combine_splits_kernel(
     G: tl.constexpr = 8,
     PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
     probe_ptr=None,
-    LOADS_FIRST: tl.constexpr = False,  # the slices' sums issued with their maxima (volatile)
 ):
     if PROBE:
         g0, c0 = probe.now(0)
@@ -65,16 +64,12 @@ def _combine_splits_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     pm_off = s * stride_pm_s + token * stride_pm_t + head * stride_pm_h
-    if LOADS_FIRST:  # one memory round trip: not the maxima's, then (after their weights) acc's
-        acc = _slice_sums(part_acc_ptr, s, s_ok, d, d_ok, token, head, stride_pa_s,
-                          stride_pa_t, stride_pa_h, True)  # fmt: skip
-    m = tl.load(part_m_ptr + pm_off, mask=s_ok, other=float("-inf"), volatile=LOADS_FIRST)
-    l_s = tl.load(part_l_ptr + pm_off, mask=s_ok, other=0.0, volatile=LOADS_FIRST)
+    m = tl.load(part_m_ptr + pm_off, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + pm_off, mask=s_ok, other=0.0)
     m_max = tl.max(m, 0)
     w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty slices weigh 0
-    if not LOADS_FIRST:
-        acc = _slice_sums(part_acc_ptr, s, s_ok, d, d_ok, token, head, stride_pa_s,
-                          stride_pa_t, stride_pa_h, False)  # fmt: skip
+    pa_off = s[:, None] * stride_pa_s + token * stride_pa_t + head * stride_pa_h + d[None, :]
+    acc = tl.load(part_acc_ptr + pa_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
     o = to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED)
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + d, o, mask=d_ok)
@@ -85,16 +80,6 @@ def _combine_splits_kernel(
     if PROBE:
         g3, c3 = probe.now(tl.sum(o.to(tl.float32), 0).to(tl.int32, bitcast=True))
         _probe_record(probe_ptr, g0, g1, g3, c0, c1, c3, n_splits)
-
-
-@triton.jit
-def _slice_sums(part_acc_ptr, s, s_ok, d, d_ok, token, head, stride_pa_s, stride_pa_t,
-                stride_pa_h, VOLATILE: tl.constexpr):  # fmt: skip
-    """The head's slices' sums of p @ V, [SPLITS, BLOCK_D] float32, 0 past n_splits; VOLATILE:
-    loaded where the call stands, not sunk towards their first use."""
-    pa_off = s[:, None] * stride_pa_s + token * stride_pa_t + head * stride_pa_h + d[None, :]
-    ok = s_ok[:, None] & d_ok[None, :]
-    return tl.load(part_acc_ptr + pa_off, mask=ok, other=0.0, volatile=VOLATILE)
 
 
 @triton.jit

@@ -24,13 +24,7 @@ from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, register_cap, row_sums
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
-from shared.kernels.qmatmul.qkv_rope import (
-    QKVRope,
-    finish_qkv_rope,
-    no_rope_args,
-    qkv_angles,
-    qkv_slot,
-)
+from shared.kernels.qmatmul.qkv_rope import QKVRope, finish_qkv_rope, no_rope_args, qkv_angles
 from shared.kernels.qmatmul.split_tickets import finish_rows
 
 __all__ = ["gemv_int8_pair_kernel", "pair_splits", "rows_gemv_pair"]
@@ -48,7 +42,7 @@ def gemv_int8_pair_kernel(
     KW: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     INTERPRETED: tl.constexpr, CM: tl.constexpr, EP: tl.constexpr, SEP: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 128, ROPE_DIM: tl.constexpr = 128,
-    HAS_FF: tl.constexpr = False, SLOT_FIRST: tl.constexpr = False,
+    HAS_FF: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (tiles_a + row tiles of B, SPLITS): programs of the first tiles_a tiles multiply
     weight A, the others B. Per weight: the row rounded for its layout (xq, xd, xs), its
@@ -65,14 +59,13 @@ def gemv_int8_pair_kernel(
         if ROPE:
             cos, sin = qkv_angles(pos_ptr, ff_ptr, row0, rows, rope_scale, rope_step, ROWS,
                                   HEAD_DIM, ROPE_DIM, HAS_FF)  # fmt: skip
-            slot = qkv_slot(slot_ptr, SLOT_FIRST)
         y = row_sums(xq_a, xq_a, xd_a, xs_a, q_a, hi_a, sc_a, mn_a, d_a, dmin_a, tile, c0,
                      tl.minimum(c0 + per_a, chunks_a), sq_a, ss_a, sd_a, QTYPE_A, HI_A, W_A, G_A,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
         if ROPE:
             finish_qkv_rope(out_a, part_a, tickets_a, y, rows, n_a, cos, sin, slot_ptr, kc_ptr,
                             vc_ptr, row0, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM, ROPE_DIM,
-                            INTERPRETED, slot, SLOT_FIRST)  # fmt: skip
+                            INTERPRETED)  # fmt: skip
         else:
             finish_rows(out_a, part_a, tickets_a, y, rows, n_a, ROWS, SPLITS, 0)
     else:
@@ -82,7 +75,6 @@ def gemv_int8_pair_kernel(
         if ROPE:
             cos, sin = qkv_angles(pos_ptr, ff_ptr, row0 + n_a, rows, rope_scale, rope_step, ROWS,
                                   HEAD_DIM, ROPE_DIM, HAS_FF)  # fmt: skip
-            slot = qkv_slot(slot_ptr, SLOT_FIRST)
         y = row_sums(xq_b, xq_b, xd_b, xs_b, q_b, hi_b, sc_b, mn_b, d_b, dmin_b, tile, c0,
                      tl.minimum(c0 + per_b, chunks_b), sq_b, ss_b, sd_b, QTYPE_B, HI_B, W_B, G_B,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
@@ -90,7 +82,7 @@ def gemv_int8_pair_kernel(
         if ROPE:
             finish_qkv_rope(out_b, part_b, tickets_b - tiles_a, y, rows, n_b, cos, sin, slot_ptr,
                             kc_ptr, vc_ptr, row0 + n_a, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM,
-                            ROPE_DIM, INTERPRETED, slot, SLOT_FIRST)  # fmt: skip
+                            ROPE_DIM, INTERPRETED)  # fmt: skip
         else:
             finish_rows(out_b, part_b, tickets_b - tiles_a, y, rows, n_b, ROWS, SPLITS, 0)
 

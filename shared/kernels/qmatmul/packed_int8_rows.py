@@ -36,7 +36,7 @@ from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch, scale_pair
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
-from shared.kernels.qmatmul.qkv_rope import finish_qkv_rope, no_rope_args, qkv_angles, qkv_slot
+from shared.kernels.qmatmul.qkv_rope import finish_qkv_rope, no_rope_args, qkv_angles
 from shared.kernels.qmatmul.split_tickets import finish_rows, round_gated
 
 __all__ = [
@@ -288,7 +288,6 @@ def gemv_int8_rows_kernel(
     HEAD_DIM: tl.constexpr = 128,
     ROPE_DIM: tl.constexpr = 128,
     HAS_FF: tl.constexpr = False,
-    SLOT_FIRST: tl.constexpr = False,  # the token's slot loaded here (qkv_rope.SLOT_FIRST)
 ):  # fmt: skip
     launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
@@ -298,14 +297,13 @@ def gemv_int8_rows_kernel(
     if ROPE:
         cos, sin = qkv_angles(pos_ptr, ff_ptr, row0, rows, rope_scale, rope_step, ROWS, HEAD_DIM,
                               ROPE_DIM, HAS_FF)  # fmt: skip
-        slot = qkv_slot(slot_ptr, SLOT_FIRST)
     y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                  tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
                  PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
     if ROPE:  # (no ACT: OUT_W is 0)
         finish_qkv_rope(out_ptr, part_ptr, tickets_ptr, y, rows, N, cos, sin, slot_ptr, kc_ptr,
                         vc_ptr, row0, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM, ROPE_DIM,
-                        INTERPRETED, slot, SLOT_FIRST)  # fmt: skip
+                        INTERPRETED)  # fmt: skip
     else:
         last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
     if OUT_W > 0:  # noqa: SIM102 - a compile-time test around a runtime one

@@ -33,14 +33,9 @@ from shared.kernels.qmatmul.split_tickets import release_tile, tile_sums
 from shared.kernels.rope_kv import rope_cos_sin
 from shared.kernels.rounding import to_dtype
 
-__all__ = ["QKVRope", "finish_qkv_rope", "no_rope_args", "qkv_angles", "qkv_slot"]
+__all__ = ["QKVRope", "finish_qkv_rope", "no_rope_args", "qkv_angles"]
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # outputs and caches
-# the token's slot loaded at a program's start, with its position (a step input, set before
-# the step's first kernel), not in the epilogue after the tile's partials: sm_90 SASS showed
-# it a memory round trip after them, before the k and v stores the attention waits for. Off:
-# not yet timed on a device.
-SLOT_FIRST = False
 
 
 @dataclass(frozen=True)
@@ -106,7 +101,6 @@ class QKVRope:
             "HEAD_DIM": self.head_dim,
             "ROPE_DIM": self.rope_dim,
             "HAS_FF": self.freq_factors is not None,
-            "SLOT_FIRST": SLOT_FIRST,
         }
 
 
@@ -129,15 +123,6 @@ def qkv_angles(pos_ptr, ff_ptr, row0, rows, scale, exponent_step, BLOCK_N: tl.co
 
 
 @triton.jit
-def qkv_slot(slot_ptr, SLOT_FIRST: tl.constexpr):
-    """The token's slot at a program's start (SLOT_FIRST), else 0 (store_qkv_rope loads it)."""
-    slot = 0
-    if SLOT_FIRST:
-        slot = tl.load(slot_ptr)
-    return slot
-
-
-@triton.jit
 def store_qkv_rope(
     out_ptr,  # [N] in the output dtype: this weight's outputs (q rows rotated here)
     y,  # [BLOCK_N] float32: the tile's finished sums
@@ -149,8 +134,6 @@ def store_qkv_rope(
     HEAD_DIM: tl.constexpr,
     ROPE_DIM: tl.constexpr,
     INTERPRETED: tl.constexpr,
-    slot=0,  # the token's slot, loaded already (SLOT_FIRST: qkv_slot)
-    SLOT_FIRST: tl.constexpr = False,
 ):  # fmt: skip
     """A row tile's sums stored as q (rotated, into out), k (rotated) and v (into the caches
     at the token's slot), by their rows' place in the fused Q/K/V rows (row0 + rows)."""
@@ -169,8 +152,7 @@ def store_qkv_rope(
     o = to_dtype(o, out_dtype, INTERPRETED)
     inside = rows < N
     tl.store(out_ptr + rows, o, mask=inside & (g < q_dim))
-    if not SLOT_FIRST:
-        slot = tl.load(slot_ptr)
+    slot = tl.load(slot_ptr)
     kept = inside & (slot >= 0)
     base = slot * kv_dim
     is_k = (g >= q_dim) & (g < q_dim + kv_dim)
@@ -190,13 +172,10 @@ def finish_qkv_rope(
     HEAD_DIM: tl.constexpr,
     ROPE_DIM: tl.constexpr,
     INTERPRETED: tl.constexpr,
-    slot=0,  # as store_qkv_rope takes them
-    SLOT_FIRST: tl.constexpr = False,
 ):  # fmt: skip
     """split_tickets.finish_rows with this epilogue as the store (tickets of program_id(0))."""
     last, acc = tile_sums(part_ptr, tickets_ptr, y, rows, N, BLOCK_N, SPLITS)
     if last:
         store_qkv_rope(out_ptr, acc, rows, N, cos, sin, slot_ptr, kc_ptr, vc_ptr, row0, q_dim,
-                       kv_dim, BLOCK_N, HEAD_DIM, ROPE_DIM, INTERPRETED, slot,
-                       SLOT_FIRST)  # fmt: skip
+                       kv_dim, BLOCK_N, HEAD_DIM, ROPE_DIM, INTERPRETED)  # fmt: skip
         release_tile(tickets_ptr, SPLITS)

@@ -34,8 +34,9 @@ _SLICE = 512
 # every load of a launch in one memory round trip: the weight's slice before wait_prev (a
 # constant), the program's slice of the row with the whole row, not after its sum of squares.
 # The sliced decode rows took three dependent round trips after the wait (sm_90 SASS: the row,
-# then the slice again, then the weight). Off: not yet timed on a device.
-_LOADS_FIRST = False
+# then the slice again, then the weight). H200, W1, two rounds in one process (BENCHMARKS.md
+# 2026-12-02 (an)): Q4_K_M +1.2 / +1.4 %, Q6_K +1.5 / +1.3 %, Q8_0 +1.0 / +0.9 %
+_LOADS_FIRST = True
 
 
 @triton.jit

@@ -64,6 +64,8 @@ def _state() -> tuple:
         ),
         (rows.pdl, pair.pdl),
         norm._LOADS_FIRST,
+        (rows.late_next(True), rows.late_next(False)),
+        (norm._slice(1, 4096, ((32, 8),)), norm._launch_config(4096)),
     )
 
 
@@ -81,7 +83,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
     assert changed == {
         "default": set(),
         "norm-off": {0},
-        "norm-whole": {1},
+        "norm-whole": {1, 27},
         "combine-off": {2},
         "gated-off": {3},
         "qkv-unfused": {4},
@@ -107,7 +109,12 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-16": {21, 23},
         "short-tiles-off": {23},
         "gemv-pdl-off": {24},
-        "norm-loads-first": {25},
+        "norm-loads-off": {25},
+        "qkv-late-next": {26},
+        "gemv-late-next": {26},
+        "norm-slice-256": {27},
+        "norm-slice-1024": {27},
+        "norm-warps-4": {27},
         "attn-w2": {22},
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},
@@ -130,8 +137,14 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         with ExitStack() as stack:
             ab.enter_variant(stack, name)
             assert hint == rows.DEFAULT_CACHE
-    with pytest.raises(SystemExit, match="unknown variant"):
-        ab.enter_variant(ExitStack(), "nope")
+    with ExitStack() as stack:  # "a+b": both
+        ab.enter_variant(stack, "qkv-late-next+norm-slice-256")
+        assert _state()[26] == (True, False) and _state()[27][0] == (256, 16)
+    assert _state() == before
+    for name in ("nope", "qkv-late-next+nope"):
+        with pytest.raises(SystemExit, match="unknown variant"), ExitStack() as stack:
+            ab.enter_variant(stack, name)
+    assert _state() == before
 
 
 def test_the_replaced_forms_compute_the_same() -> None:

@@ -8,6 +8,7 @@ constexpr, an unsupported cast) fails here instead of on the lent device."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,3 +37,52 @@ def test_packed_kernels_compile_for_sm90() -> None:
     # RoPE + KV write into a bf16 cache and FP8 caches with per-token and per-head scales; two
     # rows GEMVs of two types in one launch (Q4_K + Q6_K, Q8_0 + Q4_K)
     assert done.stdout.count("compiled for sm_90") == 12 + 150 + 14 * 8 + 6 + 5 + 3 + 2
+
+
+_LATE_NEXT = """
+import json
+from gguf import GGMLQuantizationType as T
+from shared.kernels.qmatmul import packed_int8_rows as rows
+from tools.compile_launches import compile_pair
+from tools.kernel_sass import compile_kernel
+
+def places(ptx):
+    lines = ptx.splitlines()
+    at = lambda key: [i for i, line in enumerate(lines) if key in line]
+    return {"next": at("griddepcontrol.launch_dependents"), "wait": at("griddepcontrol.wait"),
+            "weights": at("L1::evict_first")}
+
+out = {}
+for late in (False, True):
+    rows.LATE_NEXT_ROPE = late
+    out[f"rope-{late}"] = places(compile_kernel("gemv-r8r", T.Q4_K).asm["ptx"])
+    rows.LATE_NEXT = late
+    out[f"pair-{late}"] = places(compile_pair((T.Q4_K, T.Q6_K)).asm["ptx"])
+print(json.dumps(out))
+"""
+
+
+def test_late_next_moves_the_dependents_launch_after_the_weight_loop() -> None:
+    """``packed_int8_rows.late_next``: the Q/K/V rows GEMV with the RoPE epilogue and the pair
+    launch let the next kernel's programs be placed first thing by default, and with the flag
+    only after their weight loads (sm_90 PTX), still once a program."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real compiles
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_NEXT], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    places = json.loads(done.stdout.splitlines()[-1])
+    for kind in ("rope", "pair"):
+        early, late = places[f"{kind}-False"], places[f"{kind}-True"]
+        assert early["weights"] and len(early["weights"]) == len(late["weights"])
+        assert len(early["next"]) == 1 and early["next"][0] < early["wait"][0]
+        assert early["next"][0] < early["weights"][0]
+        # the pair: a branch each weight, each with its wait and then its launch_dependents;
+        # every weight load comes before the launch_dependents of its branch
+        assert len(late["next"]) == len(late["wait"]) == (2 if kind == "pair" else 1)
+        assert all(w < n for w, n in zip(late["wait"], late["next"], strict=True))
+        bounds = [-1, *late["next"]]
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            assert any(lo < w < hi for w in late["weights"])
+        assert max(late["weights"]) < late["next"][-1]

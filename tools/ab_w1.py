@@ -43,8 +43,13 @@ warps instead of 4); ``attn-32-w2``, ``attn-32-w1`` (32-key tiles in programs of
 slices); ``short-tiles-off`` (one sequence's decode attention over short contexts in 64-key
 tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am));
 ``gemv-pdl-off`` (the batch-1 rows and paired GEMVs launched after the kernel before them
-ends, no weights requested early: a diagnosis); ``norm-loads-first`` (on: the RMSNorm's loads
-in one round trip, ``norm._LOADS_FIRST``).
+ends, no weights requested early: a diagnosis); ``norm-loads-off`` (the RMSNorm's loads in
+three dependent round trips, as before (an): ``norm._LOADS_FIRST`` off); ``qkv-late-next``
+(the Q/K/V launches with the RoPE epilogue let the attention's programs be placed after their
+weight loop, not first: ``packed_int8_rows.LATE_NEXT_ROPE``); ``gemv-late-next`` (every rows
+and pair launch so: ``packed_int8_rows.LATE_NEXT``); ``norm-slice-256``, ``norm-slice-1024``
+(a decode row's RMSNorm in programs of 256 or 1,024 columns, not 512: ``norm._SLICE``);
+``norm-warps-4`` (the RMSNorm's programs of 4 warps, not 8).
 """
 
 from __future__ import annotations
@@ -189,6 +194,11 @@ def _floor_splits(seqs: int, heads: int, max_kv_len: int, sms: int, tile_keys: i
     return default_num_splits(seqs, heads, max_kv_len // tile_keys * tile_keys, sms, tile_keys)
 
 
+def _norm_warps_4(n: int) -> tuple[int, int]:
+    """norm._launch_config with programs of 4 warps (8 for rows of 2,048 or more)."""
+    return 1 << (n - 1).bit_length(), 4
+
+
 def _off(module: str, name: str, value) -> Callable[[], object]:
     """A patch of module.name, imported when entered (the engine's modules load lazily)."""
     return lambda: _patched(importlib.import_module(module), name, value)
@@ -207,7 +217,12 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-32": (_decode_tiles,),
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),
-    "norm-loads-first": (_off("shared.kernels.norm", "_LOADS_FIRST", True),),
+    "norm-loads-off": (_off("shared.kernels.norm", "_LOADS_FIRST", False),),
+    "qkv-late-next": (_off("shared.kernels.qmatmul.packed_int8_rows", "LATE_NEXT_ROPE", True),),
+    "gemv-late-next": (_off("shared.kernels.qmatmul.packed_int8_rows", "LATE_NEXT", True),),
+    "norm-slice-256": (_off("shared.kernels.norm", "_SLICE", 256),),
+    "norm-slice-1024": (_off("shared.kernels.norm", "_SLICE", 1024),),
+    "norm-warps-4": (_off("shared.kernels.norm", "_launch_config", _norm_warps_4),),
     "gemv-pdl-off": (
         _off("shared.kernels.qmatmul.packed_int8_rows", "pdl", lambda device, kernel: False),
         _off("shared.kernels.qmatmul.packed_int8_pair", "pdl", lambda device, kernel: False),
@@ -250,11 +265,12 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
 
 
 def enter_variant(stack: ExitStack, name: str) -> None:
-    """Switch off what variant `name` names until `stack` closes."""
-    if name not in VARIANTS:
-        raise SystemExit(f"unknown variant {name!r}: one of {', '.join(VARIANTS)}")
-    for make in VARIANTS[name]:
-        stack.enter_context(make())
+    """Switch off what variant `name` names until `stack` closes ("a+b": both a's and b's)."""
+    for part in name.split("+"):
+        if part not in VARIANTS:
+            raise SystemExit(f"unknown variant {part!r}: one of {', '.join(VARIANTS)}")
+        for make in VARIANTS[part]:
+            stack.enter_context(make())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     for spec in a.specs:
         path, _, names = spec.rpartition(":")
         plans.append((Path(path), names.split(",")))
-    if unknown := {n for _, names in plans for n in names} - VARIANTS.keys():
+    if unknown := {p for _, names in plans for n in names for p in n.split("+")} - VARIANTS.keys():
         raise SystemExit(f"unknown variants {sorted(unknown)}: one of {', '.join(VARIANTS)}")
     for path, names in plans:
         for r in range(a.rounds):

@@ -21,7 +21,13 @@ import triton.language as tl
 from shared.kernels.gdc import launch_kw, launch_next, pdl
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import ROWS, cache_hints, register_cap, row_sums
+from shared.kernels.qmatmul.packed_int8_rows import (
+    ROWS,
+    cache_hints,
+    late_next,
+    register_cap,
+    row_sums,
+)
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.qkv_rope import QKVRope, finish_qkv_rope, no_rope_args, qkv_angles
@@ -42,14 +48,16 @@ def gemv_int8_pair_kernel(
     KW: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     INTERPRETED: tl.constexpr, CM: tl.constexpr, EP: tl.constexpr, SEP: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 128, ROPE_DIM: tl.constexpr = 128,
-    HAS_FF: tl.constexpr = False,
+    HAS_FF: tl.constexpr = False, LATE_NEXT: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (tiles_a + row tiles of B, SPLITS): programs of the first tiles_a tiles multiply
     weight A, the others B. Per weight: the row rounded for its layout (xq, xd, xs), its
     planes, output, split-K partials and tickets, rows, chunks and chunks a split, strides.
     ROPE: A's rows are fused Q/K/V rows from row0 on, B's the n_a after them; their epilogue
-    rotates q and k and writes k and v to the cache (``qkv_rope``)."""
-    launch_next(PDL)
+    rotates q and k and writes k and v to the cache (``qkv_rope``). LATE_NEXT: launch_next
+    after the weight loop (``packed_int8_rows.late_next``)."""
+    if not LATE_NEXT:
+        launch_next(PDL)
     t = tl.program_id(0)
     split = tl.program_id(1)
     if t < tiles_a:
@@ -62,6 +70,8 @@ def gemv_int8_pair_kernel(
         y = row_sums(xq_a, xq_a, xd_a, xs_a, q_a, hi_a, sc_a, mn_a, d_a, dmin_a, tile, c0,
                      tl.minimum(c0 + per_a, chunks_a), sq_a, ss_a, sd_a, QTYPE_A, HI_A, W_A, G_A,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
+        if LATE_NEXT:
+            launch_next(PDL)
         if ROPE:
             finish_qkv_rope(out_a, part_a, tickets_a, y, rows, n_a, cos, sin, slot_ptr, kc_ptr,
                             vc_ptr, row0, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM, ROPE_DIM,
@@ -78,6 +88,8 @@ def gemv_int8_pair_kernel(
         y = row_sums(xq_b, xq_b, xd_b, xs_b, q_b, hi_b, sc_b, mn_b, d_b, dmin_b, tile, c0,
                      tl.minimum(c0 + per_b, chunks_b), sq_b, ss_b, sd_b, QTYPE_B, HI_B, W_B, G_B,
                      KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
+        if LATE_NEXT:
+            launch_next(PDL)
         # the tickets of program_id(0) are drawn: B's tile + tiles_a
         if ROPE:
             finish_qkv_rope(out_b, part_b, tickets_b - tiles_a, y, rows, n_b, cos, sin, slot_ptr,
@@ -134,7 +146,8 @@ def rows_gemv_pair(
         a.shape[0], b.shape[0], tiles_a, chunks_a, chunks_b, per_a, per_b,
         *strides(a), *strides(b), **fa, **fb, KW=warps, SPLITS=splits,
         PREFETCH=bool(cfg.get("PREFETCH")), PDL=early, INTERPRETED=interp,
-        CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}), num_warps=warps,
+        CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
+        LATE_NEXT=late_next(rope is not None), num_warps=warps,
         maxnreg=regs, **launch_kw(early),
     )  # fmt: skip
     return out_a, out_b

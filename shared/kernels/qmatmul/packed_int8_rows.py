@@ -45,6 +45,7 @@ __all__ = [
     "ROWS_TYPES",
     "cache_hints",
     "gemv_int8_rows_kernel",
+    "late_next",
     "launch_int8_rows",
     "maxnreg",
     "register_cap",
@@ -66,6 +67,20 @@ CACHE_HINTS = {
 # lost with it beyond the noise (0.3 %) and ".cg" was never ahead (tools.tune_decode); W1 against
 # plain loads +4.2 % Q4_K_M, +1.7 % Q6_K and Q8_0; the scales evict-first too (3) within noise.
 DEFAULT_CACHE = 1
+# When a launch lets the next kernel's programs be placed (``gdc.launch_next``): first thing
+# (the default), or after its weight loop, before its epilogue. The decode attention placed
+# while the Q/K/V GEMV runs sat on 52 of 132 SMs beside its programs and walked a tile in
+# 3.25 µs, against 2.46 µs spread over all (BENCHMARKS.md 2026-12-02 (am)). LATE_NEXT_ROPE: the
+# Q/K/V launches with the RoPE epilogue (whose next kernel is the attention); LATE_NEXT: every
+# rows and pair launch. Off: not yet timed on a device.
+LATE_NEXT_ROPE = False
+LATE_NEXT = False
+
+
+def late_next(rope: bool) -> bool:
+    """Whether a rows or pair launch (with the RoPE epilogue or not) calls ``launch_next``
+    after its weight loop (read at the call, so that a patched flag reaches every launcher)."""
+    return LATE_NEXT or (rope and LATE_NEXT_ROPE)
 
 
 def cache_hints(cfg: dict) -> tuple[str, str, str]:
@@ -288,8 +303,10 @@ def gemv_int8_rows_kernel(
     HEAD_DIM: tl.constexpr = 128,
     ROPE_DIM: tl.constexpr = 128,
     HAS_FF: tl.constexpr = False,
+    LATE_NEXT: tl.constexpr = False,  # launch_next after the weight loop, not first (late_next)
 ):  # fmt: skip
-    launch_next(PDL)
+    if not LATE_NEXT:
+        launch_next(PDL)
     tile = tl.program_id(0).to(tl.int64)
     rows = tile * ROWS + tl.arange(0, ROWS)
     c0 = tl.program_id(1) * per_split
@@ -300,6 +317,8 @@ def gemv_int8_rows_kernel(
     y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                  tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
                  PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
+    if LATE_NEXT:
+        launch_next(PDL)
     if ROPE:  # (no ACT: OUT_W is 0)
         finish_qkv_rope(out_ptr, part_ptr, tickets_ptr, y, rows, N, cos, sin, slot_ptr, kc_ptr,
                         vc_ptr, row0, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM, ROPE_DIM,
@@ -340,5 +359,6 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        num_warps=warps, maxnreg=register_cap(cfg, pw.qtype), **launch_kw(early),
+        LATE_NEXT=late_next(rope is not None), num_warps=warps,
+        maxnreg=register_cap(cfg, pw.qtype), **launch_kw(early),
     )  # fmt: skip

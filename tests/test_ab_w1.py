@@ -64,7 +64,7 @@ def _state() -> tuple:
         ),
         (rows.pdl, pair.pdl),
         norm._LOADS_FIRST,
-        (rows.late_next(True), rows.late_next(False)),
+        tuple(rows.late_next(r, *t) for r in (True, False) for t in ((8,), (12,), (12, 14))),
         (norm._slice(1, 4096, ((32, 8),)), norm._launch_config(4096)),
     )
 
@@ -112,6 +112,8 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "norm-loads-off": {25},
         "qkv-late-next": {26},
         "gemv-late-next": {26},
+        "qkv-late-q4k": {26},
+        "qkv-late-off": {26},
         "norm-slice-256": {27},
         "norm-slice-1024": {27},
         "norm-warps-4": {27},
@@ -137,9 +139,15 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         with ExitStack() as stack:
             ab.enter_variant(stack, name)
             assert hint == rows.DEFAULT_CACHE
+    assert before[26] == (True, False, False, False, False, False)  # Q8_0's Q/K/V only
+    for name, late in (("qkv-late-q4k", (False, True, False)), ("qkv-late-off", (False,) * 3)):
+        with ExitStack() as stack:
+            ab.enter_variant(stack, name)
+            assert _state()[26][:3] == late
     with ExitStack() as stack:  # "a+b": both
         ab.enter_variant(stack, "qkv-late-next+norm-slice-256")
-        assert _state()[26] == (True, False) and _state()[27][0] == (256, 16)
+        assert _state()[26] == (True, True, True, False, False, False)
+        assert _state()[27][0] == (256, 16)
     assert _state() == before
     for name in ("nope", "qkv-late-next+nope"):
         with pytest.raises(SystemExit, match="unknown variant"), ExitStack() as stack:

@@ -45,11 +45,12 @@ tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am));
 ``gemv-pdl-off`` (the batch-1 rows and paired GEMVs launched after the kernel before them
 ends, no weights requested early: a diagnosis); ``norm-loads-off`` (the RMSNorm's loads in
 three dependent round trips, as before (an): ``norm._LOADS_FIRST`` off); ``qkv-late-next``
-(the Q/K/V launches with the RoPE epilogue let the attention's programs be placed after their
-weight loop, not first: ``packed_int8_rows.LATE_NEXT_ROPE``); ``gemv-late-next`` (every rows
-and pair launch so: ``packed_int8_rows.LATE_NEXT``); ``norm-slice-256``, ``norm-slice-1024``
-(a decode row's RMSNorm in programs of 256 or 1,024 columns, not 512: ``norm._SLICE``);
-``norm-warps-4`` (the RMSNorm's programs of 4 warps, not 8).
+(the Q/K/V launches with the RoPE epilogue of every type let the attention's programs be placed
+after their weight loop, not first: ``packed_int8_rows.LATE_NEXT_ROPE_TYPES``, Q8_0's by
+default), ``qkv-late-q4k`` (Q4_K's only: not the Q4_K + Q6_K pairs), ``qkv-late-off`` (none);
+``gemv-late-next`` (every rows and pair launch so: ``packed_int8_rows.LATE_NEXT``);
+``norm-slice-256``, ``norm-slice-1024`` (a decode row's RMSNorm in programs of 256 or 1,024
+columns, not 512: ``norm._SLICE``); ``norm-warps-4`` (the RMSNorm's programs of 4 warps, not 8).
 """
 
 from __future__ import annotations
@@ -199,6 +200,18 @@ def _norm_warps_4(n: int) -> tuple[int, int]:
     return 1 << (n - 1).bit_length(), 4
 
 
+def _late_rope(which: str) -> Callable[[], object]:
+    """packed_int8_rows.LATE_NEXT_ROPE_TYPES set to every rows type ("all"), Q4_K ("q4k") or
+    none ("")."""
+
+    def enter():
+        rows = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows")
+        types = {"all": rows.ROWS_TYPES, "q4k": (12,), "": ()}[which]
+        return _patched(rows, "LATE_NEXT_ROPE_TYPES", frozenset(int(t) for t in types))
+
+    return enter
+
+
 def _off(module: str, name: str, value) -> Callable[[], object]:
     """A patch of module.name, imported when entered (the engine's modules load lazily)."""
     return lambda: _patched(importlib.import_module(module), name, value)
@@ -218,7 +231,9 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),
     "norm-loads-off": (_off("shared.kernels.norm", "_LOADS_FIRST", False),),
-    "qkv-late-next": (_off("shared.kernels.qmatmul.packed_int8_rows", "LATE_NEXT_ROPE", True),),
+    "qkv-late-next": (_late_rope("all"),),
+    "qkv-late-q4k": (_late_rope("q4k"),),
+    "qkv-late-off": (_late_rope(""),),
     "gemv-late-next": (_off("shared.kernels.qmatmul.packed_int8_rows", "LATE_NEXT", True),),
     "norm-slice-256": (_off("shared.kernels.norm", "_SLICE", 256),),
     "norm-slice-1024": (_off("shared.kernels.norm", "_SLICE", 1024),),

@@ -109,7 +109,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
             pos, cache = torch.zeros(1, dtype=torch.int64), torch.empty(8, dtype=torch.bfloat16)
             rope = (pos, pos, cache, cache, torch.empty(64), 0, 4096, 1024, 1.0, -0.3)
             consts |= {"ROPE": True, "HAS_FF": True}
-        consts["LATE_NEXT"] = ir.late_next(kind == "gemv-r8r")
+        consts["LATE_NEXT"] = ir.late_next(kind == "gemv-r8r", pw.qtype)
         args = [x, xq, xd, xs, *_planes(pw), *split, xq, xd, xs, *rope, n, chunks, chunks // 2]
         args += strides
         consts |= {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}

@@ -147,7 +147,7 @@ def rows_gemv_pair(
         *strides(a), *strides(b), **fa, **fb, KW=warps, SPLITS=splits,
         PREFETCH=bool(cfg.get("PREFETCH")), PDL=early, INTERPRETED=interp,
         CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        LATE_NEXT=late_next(rope is not None), num_warps=warps,
+        LATE_NEXT=late_next(rope is not None, a.qtype, b.qtype), num_warps=warps,
         maxnreg=regs, **launch_kw(early),
     )  # fmt: skip
     return out_a, out_b

@@ -70,17 +70,21 @@ DEFAULT_CACHE = 1
 # When a launch lets the next kernel's programs be placed (``gdc.launch_next``): first thing
 # (the default), or after its weight loop, before its epilogue. The decode attention placed
 # while the Q/K/V GEMV runs sat on 52 of 132 SMs beside its programs and walked a tile in
-# 3.25 µs, against 2.46 µs spread over all (BENCHMARKS.md 2026-12-02 (am)). LATE_NEXT_ROPE: the
-# Q/K/V launches with the RoPE epilogue (whose next kernel is the attention); LATE_NEXT: every
-# rows and pair launch. Off: not yet timed on a device.
-LATE_NEXT_ROPE = False
+# 3.25 µs, against 2.46 µs spread over all (BENCHMARKS.md 2026-12-02 (am)).
+# LATE_NEXT_ROPE_TYPES: the Q/K/V launches with the RoPE epilogue (whose next kernel is the
+# attention) whose weights are all of these types. H200, W1, two rounds (2026-12-02 (an)):
+# Q8_0 +1.7 / +1.6 %; Q4_K_M -0.5 / -0.5 % (its Q4_K launches and Q4_K + Q6_K pairs), so
+# Q8_0 only. LATE_NEXT: every rows and pair launch (Q4_K_M -3.7 %, Q6_K -3.3 %, Q8_0 +0.5 %:
+# off).
+LATE_NEXT_ROPE_TYPES = frozenset({int(Q8_0)})
 LATE_NEXT = False
 
 
-def late_next(rope: bool) -> bool:
-    """Whether a rows or pair launch (with the RoPE epilogue or not) calls ``launch_next``
-    after its weight loop (read at the call, so that a patched flag reaches every launcher)."""
-    return LATE_NEXT or (rope and LATE_NEXT_ROPE)
+def late_next(rope: bool, *qtypes: int) -> bool:
+    """Whether a rows or pair launch of weights of `qtypes` (with the RoPE epilogue or not)
+    calls ``launch_next`` after its weight loop (the flags read at the call, so that a patched
+    one reaches every launcher)."""
+    return LATE_NEXT or (rope and all(int(q) in LATE_NEXT_ROPE_TYPES for q in qtypes))
 
 
 def cache_hints(cfg: dict) -> tuple[str, str, str]:
@@ -359,6 +363,6 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        LATE_NEXT=late_next(rope is not None), num_warps=warps,
+        LATE_NEXT=late_next(rope is not None, pw.qtype), num_warps=warps,
         maxnreg=register_cap(cfg, pw.qtype), **launch_kw(early),
     )  # fmt: skip

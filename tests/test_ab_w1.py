@@ -103,7 +103,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "rope-apart": {16},
         "splits-floor": {17},
         "wide-off": {18},
-        "wide-72": {19},
+        "wide-64": {19},
         "one-seq-off": {20},
         "attn-32": {21},
         "attn-16": {21, 23},

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_int8_rows import CACHE_HINTS, ROWS_TYPES
-from shared.kernels.qmatmul.packed_matmul import packed_matmul, wide_warps
+from shared.kernels.qmatmul.packed_matmul import WIDE_MAXNREG, packed_matmul, wide_warps
 from shared.kernels.qmatmul.packed_rows import ROWS, deinterleave, interleave, unit
 from tests.test_kernel_packed_int8 import _layout, representable
 from tests.test_kernel_packed_matmul import random_raw
@@ -75,7 +75,7 @@ def test_exact_activations_give_the_product(qtype: T, split: int, warps: int) ->
     pw = interleave(_weight(qtype, n, k, seed=int(qtype) + split))
     x = representable(k, _layout(qtype)[0], seed=split).to(DEVICE)
     want = x.double() @ unpack(deinterleave(pw)).double().T
-    cap = {"MAXNREG": 64} if warps == 16 else {}  # as packed_matmul.wide_plan's programs
+    cap = {"MAXNREG": WIDE_MAXNREG} if warps == 16 else {}  # as wide_plan's programs
     got = packed_matmul(x, pw, torch.float32, config=_cfg(split, warps, PREFETCH=split > 1, **cap))
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
 
@@ -183,7 +183,7 @@ def test_batch_one_configs_of_other_kernels_take_the_rows_gemv() -> None:
 
 def test_wide_programs_load_all_their_chunks_in_one_wave() -> None:
     """packed_matmul.wide_warps on the H200's batch-1 Q4_K shapes (132 SMs): at 64 registers
-    (WIDE_MAXNREG) two 16-warp programs fit an SM, at 72 one."""
+    two 16-warp programs fit an SM, at 72 (WIDE_MAXNREG) one."""
     at64 = {16: 264, 8: 528}.__getitem__
     at72 = {16: 132, 8: 396}.__getitem__
     assert wide_warps(128, 16, at64) == 16  # 4096 x 4096: unsplit, one pass

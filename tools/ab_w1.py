@@ -31,8 +31,9 @@ split by ``batch_split``'s warps an SM instead of one wave of programs as its re
 write in a launch of their own after the Q/K/V GEMV, ``linear.QKV_ROPE`` off, as before (aj)).
 ``splits-floor`` (a decode graph's attention slices from the context's whole key tiles, the
 last partial one not counted, as before (ak)); ``wide-off`` (batch-1 rows GEMVs of one pass
-split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-72`` (those
-programs at 72 registers, one of 16 warps an SM: Q/K/V's 192 row tiles stay split);
+split as other shapes, ``packed_matmul.WIDE_ROWS`` off, as before (ak)); ``wide-64`` (those
+programs at 64 registers, two of 16 warps an SM: Q/K/V's 192 row tiles unsplit too, as before
+(an));
 ``one-seq-off`` (attention over one sequence searches for its program's sequence as over
 several, ``paged_attention._ONE_SEQ`` off, as before (al)); ``attn-32`` (decode attention in
 32-key tiles where the rule gives 64, batches too: twice the slices, 116 registers a thread
@@ -267,7 +268,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
         ),
     ),
     "wide-off": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", False),),
-    "wide-72": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 72),),
+    "wide-64": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 64),),
     "one-seq-off": (_off("shared.kernels.paged_attention", "_ONE_SEQ", False),),
     "qkv-unfused": (
         lambda: _patched(

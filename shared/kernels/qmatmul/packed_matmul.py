@@ -244,9 +244,13 @@ def rows_plan(pw: PackedWeight, cfg: dict, pair: PackedWeight | None = None) -> 
 # (BENCHMARKS.md 2026-12-02 (ak)): +1.0-1.1 %, all of it from the 4096 x 4096 output
 # projection's 128 programs of 16 warps (the Q/K/V's unsplit form changed nothing, at 72
 # registers it stays split); unsplit programs that walk their chunks in two or more passes
-# (Q/K/V in 8 warps, down in 16) lost 4.4 %
+# (Q/K/V in 8 warps, down in 16) lost 4.4 %. At 72 registers (one 16-warp program an SM) the
+# Q/K/V's 192 row tiles no longer fit one wave and stay split, the output projection's 128
+# stay unsplit: W1 Q4_K_M against 64, two rounds in each of three calls, +0.3 / +0.3 % and
+# +0.2 / +0.5 % ((an)), +0.3 % ((am)); Q6_K -0.1 / +0.3 %, Q8_0 +0.0 / +0.0 % (no wide
+# shapes there: their 4096 x 4096 rows take 32 chunks)
 WIDE_ROWS = True
-WIDE_MAXNREG = 64
+WIDE_MAXNREG = 72
 _WIDE_WARPS = (8, 16)
 
 

@@ -113,6 +113,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "qkv-late-next": {26},
         "gemv-late-next": {26},
         "qkv-late-q4k": {26},
+        "qkv-late-pair": {26},
         "qkv-late-off": {26},
         "norm-slice-256": {27},
         "norm-slice-1024": {27},
@@ -140,7 +141,12 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
             ab.enter_variant(stack, name)
             assert hint == rows.DEFAULT_CACHE
     assert before[26] == (True, False, False, False, False, False)  # Q8_0's Q/K/V only
-    for name, late in (("qkv-late-q4k", (False, True, False)), ("qkv-late-off", (False,) * 3)):
+    variants = (
+        ("qkv-late-q4k", (False, True, False)),
+        ("qkv-late-pair", (False, False, True)),
+        ("qkv-late-off", (False,) * 3),
+    )
+    for name, late in variants:
         with ExitStack() as stack:
             ab.enter_variant(stack, name)
             assert _state()[26][:3] == late

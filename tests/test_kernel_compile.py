@@ -54,7 +54,7 @@ def places(ptx):
 
 out = {}
 for late in (False, True):
-    rows.LATE_NEXT_ROPE_TYPES = frozenset({int(T.Q4_K)} if late else ())
+    rows.LATE_NEXT_ROPE = frozenset({(int(T.Q4_K),)} if late else ())
     out[f"rope-{late}"] = places(compile_kernel("gemv-r8r", T.Q4_K).asm["ptx"])
     rows.LATE_NEXT = late
     out[f"pair-{late}"] = places(compile_pair((T.Q4_K, T.Q6_K)).asm["ptx"])

@@ -47,8 +47,9 @@ tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am));
 ends, no weights requested early: a diagnosis); ``norm-loads-off`` (the RMSNorm's loads in
 three dependent round trips, as before (an): ``norm._LOADS_FIRST`` off); ``qkv-late-next``
 (the Q/K/V launches with the RoPE epilogue of every type let the attention's programs be placed
-after their weight loop, not first: ``packed_int8_rows.LATE_NEXT_ROPE_TYPES``, Q8_0's by
-default), ``qkv-late-q4k`` (Q4_K's only: not the Q4_K + Q6_K pairs), ``qkv-late-off`` (none);
+after their weight loop, not first: ``packed_int8_rows.LATE_NEXT_ROPE``, Q8_0's by default),
+``qkv-late-q4k`` (Q4_K's only: not the Q4_K + Q6_K pairs), ``qkv-late-pair`` (those pairs
+only), ``qkv-late-off`` (none);
 ``gemv-late-next`` (every rows and pair launch so: ``packed_int8_rows.LATE_NEXT``);
 ``norm-slice-256``, ``norm-slice-1024`` (a decode row's RMSNorm in programs of 256 or 1,024
 columns, not 512: ``norm._SLICE``); ``norm-warps-4`` (the RMSNorm's programs of 4 warps, not 8).
@@ -196,21 +197,27 @@ def _floor_splits(seqs: int, heads: int, max_kv_len: int, sms: int, tile_keys: i
     return default_num_splits(seqs, heads, max_kv_len // tile_keys * tile_keys, sms, tile_keys)
 
 
-def _norm_warps_4(n: int) -> tuple[int, int]:
-    """norm._launch_config with programs of 4 warps (8 for rows of 2,048 or more)."""
-    return 1 << (n - 1).bit_length(), 4
-
-
 def _late_rope(which: str) -> Callable[[], object]:
-    """packed_int8_rows.LATE_NEXT_ROPE_TYPES set to every rows type ("all"), Q4_K ("q4k") or
-    none ("")."""
+    """packed_int8_rows.LATE_NEXT_ROPE set to every rows type and pair ("all"), Q4_K ("q4k"),
+    the Q4_K + Q6_K pair ("pair") or nothing ("")."""
 
     def enter():
         rows = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows")
-        types = {"all": rows.ROWS_TYPES, "q4k": (12,), "": ()}[which]
-        return _patched(rows, "LATE_NEXT_ROPE_TYPES", frozenset(int(t) for t in types))
+        every = [int(t) for t in rows.ROWS_TYPES]
+        late = {
+            "all": [(a,) for a in every] + [(a, b) for a in every for b in every],
+            "q4k": [(12,)],
+            "pair": [(12, 14)],
+            "": [],
+        }[which]
+        return _patched(rows, "LATE_NEXT_ROPE", frozenset(late))
 
     return enter
+
+
+def _norm_warps_4(n: int) -> tuple[int, int]:
+    """norm._launch_config with programs of 4 warps, whatever the row."""
+    return 1 << (n - 1).bit_length(), 4
 
 
 def _off(module: str, name: str, value) -> Callable[[], object]:
@@ -234,6 +241,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "norm-loads-off": (_off("shared.kernels.norm", "_LOADS_FIRST", False),),
     "qkv-late-next": (_late_rope("all"),),
     "qkv-late-q4k": (_late_rope("q4k"),),
+    "qkv-late-pair": (_late_rope("pair"),),
     "qkv-late-off": (_late_rope(""),),
     "gemv-late-next": (_off("shared.kernels.qmatmul.packed_int8_rows", "LATE_NEXT", True),),
     "norm-slice-256": (_off("shared.kernels.norm", "_SLICE", 256),),

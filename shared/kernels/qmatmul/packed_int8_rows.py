@@ -71,12 +71,13 @@ DEFAULT_CACHE = 1
 # (the default), or after its weight loop, before its epilogue. The decode attention placed
 # while the Q/K/V GEMV runs sat on 52 of 132 SMs beside its programs and walked a tile in
 # 3.25 µs, against 2.46 µs spread over all (BENCHMARKS.md 2026-12-02 (am)).
-# LATE_NEXT_ROPE_TYPES: the Q/K/V launches with the RoPE epilogue (whose next kernel is the
-# attention) whose weights are all of these types. H200, W1, two rounds (2026-12-02 (an)):
-# Q8_0 +1.7 / +1.6 %; Q4_K_M -0.5 / -0.5 % (its Q4_K launches and Q4_K + Q6_K pairs), so
-# Q8_0 only. LATE_NEXT: every rows and pair launch (Q4_K_M -3.7 %, Q6_K -3.3 %, Q8_0 +0.5 %:
-# off).
-LATE_NEXT_ROPE_TYPES = frozenset({int(Q8_0)})
+# LATE_NEXT_ROPE: the Q/K/V launches with the RoPE epilogue (whose next kernel is the
+# attention) whose weights' types are one of these tuples (one type, or a pair launch's two).
+# H200, W1, two rounds a call (2026-12-02 (an)): Q8_0 +1.7 / +1.6 % and +1.5 / +1.9 %; Q4_K_M
+# with every launch late -0.5 / -0.5 % and -0.7 / -0.8 %, its Q4_K launches alone -1.2 / -0.9
+# %, so Q8_0 only. LATE_NEXT: every rows and pair launch (Q4_K_M -3.7 %, Q6_K -3.3 %, Q8_0
+# +0.5 %: off).
+LATE_NEXT_ROPE = frozenset({(int(Q8_0),)})
 LATE_NEXT = False
 
 
@@ -84,7 +85,7 @@ def late_next(rope: bool, *qtypes: int) -> bool:
     """Whether a rows or pair launch of weights of `qtypes` (with the RoPE epilogue or not)
     calls ``launch_next`` after its weight loop (the flags read at the call, so that a patched
     one reaches every launcher)."""
-    return LATE_NEXT or (rope and all(int(q) in LATE_NEXT_ROPE_TYPES for q in qtypes))
+    return LATE_NEXT or (rope and tuple(int(q) for q in qtypes) in LATE_NEXT_ROPE)
 
 
 def cache_hints(cfg: dict) -> tuple[str, str, str]:

@@ -49,8 +49,8 @@ three dependent round trips, as before (an): ``norm._LOADS_FIRST`` off); ``qkv-l
 (the Q/K/V launches with the RoPE epilogue of every type let the attention's programs be placed
 after their weight loop, not first: ``packed_int8_rows.LATE_NEXT_ROPE``, Q8_0's by default),
 ``qkv-late-q4k`` (Q4_K's only: not the Q4_K + Q6_K pairs), ``qkv-late-pair`` (those pairs
-only), ``qkv-late-off`` (none);
-``gemv-late-next`` (every rows and pair launch so: ``packed_int8_rows.LATE_NEXT``);
+only), ``qkv-late-off`` (none); ``gemv-late-next`` (every rows and pair launch so:
+``packed_int8_rows.LATE_NEXT``);
 ``norm-slice-256``, ``norm-slice-1024`` (a decode row's RMSNorm in programs of 256 or 1,024
 columns, not 512: ``norm._SLICE``); ``norm-warps-4`` (the RMSNorm's programs of 4 warps, not 8).
 """
@@ -197,22 +197,15 @@ def _floor_splits(seqs: int, heads: int, max_kv_len: int, sms: int, tile_keys: i
     return default_num_splits(seqs, heads, max_kv_len // tile_keys * tile_keys, sms, tile_keys)
 
 
-def _late_rope(which: str) -> Callable[[], object]:
-    """packed_int8_rows.LATE_NEXT_ROPE set to every rows type and pair ("all"), Q4_K ("q4k"),
-    the Q4_K + Q6_K pair ("pair") or nothing ("")."""
+_ROWS = "shared.kernels.qmatmul.packed_int8_rows"
 
-    def enter():
-        rows = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows")
-        every = [int(t) for t in rows.ROWS_TYPES]
-        late = {
-            "all": [(a,) for a in every] + [(a, b) for a in every for b in every],
-            "q4k": [(12,)],
-            "pair": [(12, 14)],
-            "": [],
-        }[which]
-        return _patched(rows, "LATE_NEXT_ROPE", frozenset(late))
 
-    return enter
+def _late_every_rope() -> object:
+    """packed_int8_rows.LATE_NEXT_ROPE set to every rows type and every pair of them."""
+    rows = importlib.import_module(_ROWS)
+    every = [int(t) for t in rows.ROWS_TYPES]
+    late = [(a,) for a in every] + [(a, b) for a in every for b in every]
+    return _patched(rows, "LATE_NEXT_ROPE", frozenset(late))
 
 
 def _norm_warps_4(n: int) -> tuple[int, int]:
@@ -239,10 +232,10 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),
     "norm-loads-off": (_off("shared.kernels.norm", "_LOADS_FIRST", False),),
-    "qkv-late-next": (_late_rope("all"),),
-    "qkv-late-q4k": (_late_rope("q4k"),),
-    "qkv-late-pair": (_late_rope("pair"),),
-    "qkv-late-off": (_late_rope(""),),
+    "qkv-late-next": (_late_every_rope,),
+    "qkv-late-q4k": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset({(12,)})),),  # Q4_K
+    "qkv-late-pair": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset({(12, 14)})),),  # Q4_K + Q6_K
+    "qkv-late-off": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset()),),
     "gemv-late-next": (_off("shared.kernels.qmatmul.packed_int8_rows", "LATE_NEXT", True),),
     "norm-slice-256": (_off("shared.kernels.norm", "_SLICE", 256),),
     "norm-slice-1024": (_off("shared.kernels.norm", "_SLICE", 1024),),

@@ -66,6 +66,7 @@ def _state() -> tuple:
         norm._LOADS_FIRST,
         tuple(rows.late_next(r, *t) for r in (True, False) for t in ((8,), (12,), (12, 14))),
         (norm._slice(1, 4096, ((32, 8),)), norm._launch_config(4096)),
+        linear.NORM_AHEAD,
     )
 
 
@@ -122,6 +123,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-32-w2": {21, 22},
         "attn-32-w1": {21, 22},
         "attn-64-w8": {22, 23},
+        "norm-ahead-off": {28},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

@@ -30,13 +30,15 @@ def test_packed_kernels_compile_for_sm90() -> None:
     # GEMVs of the 8 types that have them (per-thread rows, the one-tile variant, with the rounding
     # in its prologue, and the GEMV over interleaved planes with and without it, gated with its
     # outputs rounded for the next GEMV, with each of the three cache hints, CACHE 1-3, with RoPE
-    # and the KV write in its epilogue (qkv_rope), and over 2 and 4 activation rows) and their
+    # and the KV write in its epilogue (qkv_rope), with the residual add and RMSNorm in its epilogue
+    # and with its activations awaiting that norm's scale (norm_ahead), and over 2 and 4
+    # activation rows) and their
     # int8 tensor-core GEMM (both layouts), and the fp16 GEMM
     # (plain, gated, its activation conversion) of Q4_K and Q6_K; the fused add + RMSNorm rounding
     # its row to int8 for no, one or two layouts, and 4 rows for two (norm.add_rms_norm_int8);
     # RoPE + KV write into a bf16 cache and FP8 caches with per-token and per-head scales; two
     # rows GEMVs of two types in one launch (Q4_K + Q6_K, Q8_0 + Q4_K)
-    assert done.stdout.count("compiled for sm_90") == 12 + 150 + 14 * 8 + 6 + 5 + 3 + 2
+    assert done.stdout.count("compiled for sm_90") == 12 + 150 + 16 * 8 + 6 + 5 + 3 + 2
 
 
 _LATE_NEXT = """

@@ -110,11 +110,19 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
             rope = (pos, pos, cache, cache, torch.empty(64), 0, 4096, 1024, 1.0, -0.3)
             consts |= {"ROPE": True, "HAS_FF": True}
         consts["LATE_NEXT"] = ir.late_next(kind == "gemv-r8r", pw.qtype)
-        args = [x, xq, xd, xs, *_planes(pw), *split, xq, xd, xs, *rope, n, chunks, chunks // 2]
+        # r8n: its output plus the residual normed and rounded for two layouts (Q4_K's and
+        # Q6_K's); r8p: its activations awaiting that norm's scale (norm_ahead)
+        h = torch.empty(n, dtype=torch.bfloat16)
+        res = [h, torch.empty_like(h), torch.empty(n), torch.empty(n // 32)]
+        ends = [xq, xd, xs, xq, xd, xs, *res, torch.empty(k // 32), k, 1e-5]
+        args = [x, xq, xd, xs, *_planes(pw), *split, *ends, *rope, n, chunks, chunks // 2]
         args += strides
         consts |= {**fields, "KW": 4, "SPLITS": 2, "PREFETCH": True, "ACT": act, "PDL": True}
         # with the activation: its outputs also rounded for the next GEMV (round_gated)
-        consts |= {"OUT_W": 32 if act else 0, "OUT_G": 8}
+        consts |= {"OUT_W": 32 if act or kind == "gemv-r8n" else 0, "OUT_G": 8}
+        norm_out = kind == "gemv-r8n"
+        consts |= {"NORM_OUT": norm_out, "OUT_W2": 16 if norm_out else 0, "OUT_G2": 16}
+        consts["NORM_BLOCK"] = k // 32 if kind == "gemv-r8p" else 0
         # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
         # (the default; r8r too) and r8s (scales too), .cg for r8c
         hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3, "gemv-r8r": 1}.get(kind, 0)
@@ -303,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
              ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8e", 1, 4), ("gemv-r8c", 1, 4),
-             ("gemv-r8s", 1, 4), ("gemv-r8r", 1, 4), ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
+             ("gemv-r8s", 1, 4), ("gemv-r8r", 1, 4), ("gemv-r8n", 1, 4), ("gemv-r8p", 1, 4),
+             ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
              ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4),
@@ -337,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                 "gemv-r8c": 128,
                 "gemv-r8s": 128,
                 "gemv-r8r": 128,
+                "gemv-r8n": 128,
+                "gemv-r8p": 128,
                 "gemv-rb": 128,
                 "gemm-first": 64,
                 "gemm-first-r32": 64,

@@ -35,6 +35,7 @@ from shared.kernels.qmatmul import (
     unpack,
 )
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for, int8_layout
+from shared.kernels.qmatmul.norm_ahead import folds, norm_buffers
 from shared.kernels.qmatmul.packed import CHUNK
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed_rows
 from shared.kernels.qmatmul.packed_int8_pair import (
@@ -68,6 +69,9 @@ QKV_ROPE_SKIP_TYPES = (GGMLQuantizationType.Q6_K,)
 # (packed_int8_rows_batch, 2-4 rows), as batch 1's rows GEMV has had since (w); 1: batch 1
 # only. Q4_K_M's W1 at batches 2/3/4 gained 1.6/1.2/1.3 % on the H200 (BENCHMARKS.md (ai))
 ROUND_AHEAD_ROWS = 4
+# batch 1: the residual add and RMSNorm between a GEMV and the GEMVs that read its output,
+# folded into their epilogue and prologue (QuantLinear.forward_norm, ``norm_ahead``)
+NORM_AHEAD = True
 
 
 def packable(qtype: int, shape: tuple[int, int]) -> bool:
@@ -164,6 +168,39 @@ class QuantLinear(nn.Module):
         cfg = tuned or config_for(pw, m, self.compute_dtype)
         return int8_layout(pw) if cfg.get("ROWS") else None
 
+    def forward_norm(
+        self,
+        x: torch.Tensor,
+        rounded: dict | None,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        layouts: tuple[tuple[int, int], ...],
+    ) -> tuple[torch.Tensor, torch.Tensor, dict] | None:
+        """forward for one row, with the residual add and RMSNorm after it in the rows GEMV's
+        epilogue (``norm_ahead``), for GEMVs that read only its rounding in `layouts`:
+        (out, out + residual, {layout: (xq, xd, xs, sums, eps)}: the rounding of
+        ``(out + residual) * weight``, awaiting the norm's scale). None where it cannot be
+        (nothing ran): not one row of interleaved planes, a bias, a failed build, layouts
+        the epilogue cannot round (``norm_ahead.folds``), or NORM_AHEAD off."""
+        pw = self.packed
+        if (
+            not NORM_AHEAD
+            or pw is None
+            or not pw.rows32
+            or self.int8_layout(1) is None
+            or self.bias is not None
+            or x.numel() != self.shape[1]
+            or residual.shape != (1, self.shape[0])
+            or not folds(self.shape[0], layouts)
+        ):
+            return None
+        x2 = x.reshape(1, -1)
+        norm_out, made = norm_buffers(residual, weight, eps, layouts)
+        int8 = rounded.get(int8_layout(pw)) if rounded else None
+        y = packed_matmul(x2, pw, **self.matmul_args(x2), int8=int8, norm_out=norm_out)
+        return y.reshape(*x.shape[:-1], self.shape[0]), norm_out.new_residual, made
+
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
         """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made."""
         if self.kernel_error is not None:
@@ -235,6 +272,11 @@ class SplitLinear(nn.Module):
     def int8_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
         """The layouts a call of m rows rounds its activations to (QuantLinear.int8_layout)."""
         return tuple(sorted({lay for p in self.parts if (lay := p.int8_layout(m)) is not None}))
+
+    def reads_rounded(self, m: int) -> bool:
+        """Whether a call of m rows reads only x's int8 roundings (every part the rows GEMV at
+        one row), not x: then x may be a stand-in (``norm_ahead``)."""
+        return m == 1 and all(p.int8_layout(1) is not None for p in self.parts)
 
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> tuple[torch.Tensor, ...]:
         ys = self._paired(x, rounded) or [part(x, rounded) for part in self.parts]
@@ -322,6 +364,10 @@ class GatedLinear(nn.Module):
     def int8_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
         layout = self.fused.int8_layout(m)
         return () if layout is None else (layout,)
+
+    def reads_rounded(self, m: int) -> bool:
+        """As SplitLinear.reads_rounded."""
+        return m == 1 and self.fused.int8_layout(1) is not None
 
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
         return self.forward_int8(x, rounded, None)[0]

@@ -29,26 +29,62 @@ class LlamaLayer(nn.Module):
         self.mlp = GatedMLP(cfg, w, layer, gelu=False)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        kv: KVPool,
+        ahead: dict | None = None,
+        nxt: LlamaLayer | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
         """Takes the previous layer's MLP output and the residual stream before it (None at the
         first layer) and returns the same pair, so each residual add fuses with the RMSNorm
         that follows it (one kernel on the GPU instead of two). At batch 1 that kernel also
-        rounds its output to int8 for the GEMVs that read it (ops.add_rms_norm_int8)."""
+        rounds its output to int8 for the GEMVs that read it (ops.add_rms_norm_int8).
+
+        At batch 1 on the rows GEMVs the add and norm go into the GEMV before them instead
+        (``norm_ahead``, no launch of their own): the output projection's for the MLP's norm,
+        and the down projection's for the next layer's (nxt) attention norm. Then the third
+        value returned is that rounding (else None), the residual already holds the MLP's
+        output, and the next layer takes it as ``ahead``."""
         m = x.shape[0]
-        layouts = self.attn.int8_layouts(m)
-        h, residual, rounded = self.add_norm(x, residual, self.attn_norm, self.eps, layouts)
-        a = self.attn(h, batch, kv, rounded)
-        layouts = self.mlp.int8_layouts(m)
-        h, residual, rounded = self.add_norm(a, residual, self.ffn_norm, self.eps, layouts)
-        return self.mlp(h, rounded), residual
+        if ahead is None:
+            layouts = self.attn.int8_layouts(m)
+            h, residual, rounded = self.add_norm(x, residual, self.attn_norm, self.eps, layouts)
+        else:  # every Q/K/V GEMV reads the rounding: the residual stands in for the normed row
+            h, rounded = residual, ahead
+        fold = self._fold(residual, self.ffn_norm, self.mlp, m)
+        a, folded = self.attn.forward_fold(h, batch, kv, rounded, fold)
+        if folded is None:
+            layouts = self.mlp.int8_layouts(m)
+            h, residual, rounded = self.add_norm(a, residual, self.ffn_norm, self.eps, layouts)
+        else:
+            residual, rounded = folded
+            h = residual
+        fold = nxt._fold(residual, nxt.attn_norm, nxt.attn, m) if nxt is not None else None
+        out, folded = self.mlp.forward_fold(h, rounded, fold)
+        if folded is None:
+            return out, residual, None
+        return out, folded[0], folded[1]
+
+    def _fold(
+        self, residual: torch.Tensor | None, weight: torch.Tensor, reader: nn.Module, m: int
+    ) -> tuple | None:
+        """(residual, norm weight, eps, layouts) for the GEMV before `reader` (the attention
+        or the MLP) to add and norm in its epilogue, when every GEMV of the reader reads only
+        the rounding; else None."""
+        if residual is None or not reader.reads_rounded(m):
+            return None
+        return residual, weight, self.eps, reader.int8_layouts(m)
 
 
 class LlamaForCausalLM(CausalLM):
     def run_layers(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, batch, kv)
+        residual, ahead = None, None
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            nxt = self.layers[i + 1] if i < last else None
+            x, residual, ahead = layer(x, residual, batch, kv, ahead, nxt)
         return x if residual is None else x + residual
 
     def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> nn.Module:

@@ -45,10 +45,23 @@ class Attention(nn.Module):
         """The int8 layouts a call of m rows rounds x to for the Q/K/V GEMVs (SplitLinear)."""
         return self.qkv.int8_layouts(m)
 
+    def reads_rounded(self, m: int) -> bool:
+        """Whether a call of m rows reads only x's int8 roundings, not x (SplitLinear's)."""
+        return self.qkv.reads_rounded(m)
+
     def forward(
         self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rounded: dict | None = None
     ) -> torch.Tensor:
         """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any."""
+        return self.forward_fold(x, batch, kv, rounded, None)[0]
+
+    def forward_fold(
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool, rounded: dict | None,
+        fold: tuple | None,
+    ) -> tuple[torch.Tensor, tuple | None]:  # fmt: skip
+        """forward, and with fold (residual, norm weight, eps, layouts) the residual add and
+        RMSNorm after it in the output projection's epilogue where it can
+        (``QuantLinear.forward_norm``): (out, (new residual, its rounding) or None)."""
         cfg, n = self.cfg, x.shape[0]
         q = k = v = rope = None
         if self.q_norm is None:  # one token: RoPE and the KV write in the GEMV's epilogue
@@ -79,7 +92,11 @@ class Attention(nn.Module):
             self.sliding_window,
             self.wo.int8_layout(n),
         )
-        return self.wo(o.reshape(n, cfg.q_dim), o_rounded)
+        o = o.reshape(n, cfg.q_dim)
+        done = self.wo.forward_norm(o, o_rounded, *fold) if fold is not None else None
+        if done is None:
+            return self.wo(o, o_rounded), None
+        return done[0], done[1:]
 
 
 class GatedMLP(nn.Module):
@@ -101,10 +118,25 @@ class GatedMLP(nn.Module):
         """The int8 layouts a call of m rows rounds x to for the gate/up GEMVs."""
         return (self.gated if self.gated is not None else self.gate_up).int8_layouts(m)
 
+    def reads_rounded(self, m: int) -> bool:
+        """Whether a call of m rows reads only x's int8 roundings, not x."""
+        return (self.gated if self.gated is not None else self.gate_up).reads_rounded(m)
+
     def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
         """rounded: x's int8 roundings by layout, made ahead (int8_layouts), if any."""
+        return self.forward_fold(x, rounded, None)[0]
+
+    def forward_fold(
+        self, x: torch.Tensor, rounded: dict | None, fold: tuple | None
+    ) -> tuple[torch.Tensor, tuple | None]:
+        """forward, and with fold the residual add and RMSNorm after it in the down
+        projection's epilogue where it can (as Attention.forward_fold)."""
         if self.gated is not None:  # at batch 1 it may round its output for down's GEMV too
             h, h_rounded = self.gated.forward_int8(x, rounded, self.down.int8_layout(x.shape[0]))
-            return self.down(h, h_rounded)
-        gate, up = self.gate_up(x, rounded)
-        return self.down(self.act(gate, up))
+        else:
+            gate, up = self.gate_up(x, rounded)
+            h, h_rounded = self.act(gate, up), None
+        done = self.down.forward_norm(h, h_rounded, *fold) if fold is not None else None
+        if done is None:
+            return self.down(h, h_rounded), None
+        return done[0], done[1:]

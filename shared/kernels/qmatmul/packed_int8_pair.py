@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl
+from shared.kernels.qmatmul.norm_ahead import sums_block
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8_rows import (
@@ -41,6 +42,7 @@ def gemv_int8_pair_kernel(
     xq_a, xd_a, xs_a, q_a, hi_a, sc_a, mn_a, d_a, dmin_a, out_a, part_a, tickets_a,
     xq_b, xd_b, xs_b, q_b, hi_b, sc_b, mn_b, d_b, dmin_b, out_b, part_b, tickets_b,
     pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr, row0, q_dim, kv_dim, rope_scale, rope_step,  # ROPE
+    sums_ptr, norm_k, norm_eps,  # NORM_BLOCK > 0: the norm's scale still to apply (norm_ahead)
     n_a, n_b, tiles_a, chunks_a, chunks_b, per_a, per_b,
     sq_a, ss_a, sd_a, sq_b, ss_b, sd_b,
     QTYPE_A: tl.constexpr, HI_A: tl.constexpr, W_A: tl.constexpr, G_A: tl.constexpr,
@@ -48,14 +50,15 @@ def gemv_int8_pair_kernel(
     KW: tl.constexpr, SPLITS: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     INTERPRETED: tl.constexpr, CM: tl.constexpr, EP: tl.constexpr, SEP: tl.constexpr,
     ROPE: tl.constexpr = False, HEAD_DIM: tl.constexpr = 128, ROPE_DIM: tl.constexpr = 128,
-    HAS_FF: tl.constexpr = False, LATE_NEXT: tl.constexpr = False,
+    HAS_FF: tl.constexpr = False, LATE_NEXT: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 0,
 ):  # fmt: skip
     """Grid (tiles_a + row tiles of B, SPLITS): programs of the first tiles_a tiles multiply
     weight A, the others B. Per weight: the row rounded for its layout (xq, xd, xs), its
     planes, output, split-K partials and tickets, rows, chunks and chunks a split, strides.
     ROPE: A's rows are fused Q/K/V rows from row0 on, B's the n_a after them; their epilogue
     rotates q and k and writes k and v to the cache (``qkv_rope``). LATE_NEXT: launch_next
-    after the weight loop (``packed_int8_rows.late_next``)."""
+    after the weight loop (``packed_int8_rows.late_next``). NORM_BLOCK > 0: both roundings
+    are ``h * w`` awaiting the norm's scale, from sums_ptr (``norm_ahead``)."""
     if not LATE_NEXT:
         launch_next(PDL)
     t = tl.program_id(0)
@@ -69,7 +72,8 @@ def gemv_int8_pair_kernel(
                                   HEAD_DIM, ROPE_DIM, HAS_FF)  # fmt: skip
         y = row_sums(xq_a, xq_a, xd_a, xs_a, q_a, hi_a, sc_a, mn_a, d_a, dmin_a, tile, c0,
                      tl.minimum(c0 + per_a, chunks_a), sq_a, ss_a, sd_a, QTYPE_A, HI_A, W_A, G_A,
-                     KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
+                     KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k,
+                     norm_eps, NORM_BLOCK)  # fmt: skip
         if LATE_NEXT:
             launch_next(PDL)
         if ROPE:
@@ -87,7 +91,8 @@ def gemv_int8_pair_kernel(
                                   HEAD_DIM, ROPE_DIM, HAS_FF)  # fmt: skip
         y = row_sums(xq_b, xq_b, xd_b, xs_b, q_b, hi_b, sc_b, mn_b, d_b, dmin_b, tile, c0,
                      tl.minimum(c0 + per_b, chunks_b), sq_b, ss_b, sd_b, QTYPE_B, HI_B, W_B, G_B,
-                     KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
+                     KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k,
+                     norm_eps, NORM_BLOCK)  # fmt: skip
         if LATE_NEXT:
             launch_next(PDL)
         # the tickets of program_id(0) are drawn: B's tile + tiles_a
@@ -122,7 +127,8 @@ def rows_gemv_pair(
     rope: tuple[QKVRope, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x @ unpack(a).T, x @ unpack(b).T) in x's dtype, [1, N_a] and [1, N_b], from x rounded
-    for each weight's layout; cfg (A's rows config): num_warps, PREFETCH and CACHE; splits
+    for each weight's layout (five each: awaiting the norm's scale, ``norm_ahead``); cfg (A's
+    rows config): num_warps, PREFETCH and CACHE; splits
     from ``pair_splits``. Both weights interleaved (``packed_rows``) of one K. rope: (the
     ``QKVRope`` target, the fused Q/K/V row of A's row 0; B's rows follow A's): q rotated in
     the outputs, k and v written to the cache (``qkv_rope``)."""
@@ -141,13 +147,18 @@ def rows_gemv_pair(
     regs = register_cap(cfg, a.qtype, b.qtype)
     early = pdl(x.device, gemv_int8_pair_kernel)
     rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(out_a)
+    if (len(int8_a) == 5) != (len(int8_b) == 5):
+        raise ValueError("rows_gemv_pair: both roundings await the norm's scale or neither")
+    k = a.shape[1]
+    norm = (*int8_a[3:], sums_block(k)) if len(int8_a) == 5 else (out_a, 0.0, 0)
     gemv_int8_pair_kernel[(tiles_a + tiles_b, splits)](
-        *int8_a, *planes(a), *targets_a, *int8_b, *planes(b), *targets_b, *rope_args,
-        a.shape[0], b.shape[0], tiles_a, chunks_a, chunks_b, per_a, per_b,
+        *int8_a[:3], *planes(a), *targets_a, *int8_b[:3], *planes(b), *targets_b, *rope_args,
+        norm[0], k, norm[1], a.shape[0], b.shape[0], tiles_a, chunks_a, chunks_b, per_a, per_b,
         *strides(a), *strides(b), **fa, **fb, KW=warps, SPLITS=splits,
         PREFETCH=bool(cfg.get("PREFETCH")), PDL=early, INTERPRETED=interp,
         CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        LATE_NEXT=late_next(rope is not None, a.qtype, b.qtype), num_warps=warps,
+        LATE_NEXT=late_next(rope is not None, a.qtype, b.qtype), NORM_BLOCK=norm[2],
+        num_warps=warps,
         maxnreg=regs, **launch_kw(early),
     )  # fmt: skip
     return out_a, out_b

@@ -30,6 +30,7 @@ import triton.language as tl
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
 from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4
+from shared.kernels.qmatmul.norm_ahead import load_sums, norm_rows, rms_scale, sums_block
 from shared.kernels.qmatmul.packed_chunk import Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
@@ -37,13 +38,20 @@ from shared.kernels.qmatmul.packed_int8_rows_loads import fetch, scale_pair
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
 from shared.kernels.qmatmul.qkv_rope import finish_qkv_rope, no_rope_args, qkv_angles
-from shared.kernels.qmatmul.split_tickets import finish_rows, round_gated
+from shared.kernels.qmatmul.split_tickets import (
+    finish_rows,
+    release_tile,
+    round_gated,
+    store_rows,
+    tile_sums,
+)
 
 __all__ = [
     "CACHE_HINTS",
     "DEFAULT_CACHE",
     "ROWS_TYPES",
     "cache_hints",
+    "epilogue_args",
     "gemv_int8_rows_kernel",
     "late_next",
     "launch_int8_rows",
@@ -241,12 +249,18 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
              c0, c1, stride_q, stride_s, stride_d, QTYPE: tl.constexpr, HI: tl.constexpr,
              W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr, PREFETCH: tl.constexpr,
              QX: tl.constexpr, PDL: tl.constexpr, INTERPRETED: tl.constexpr, CM: tl.constexpr,
-             EP: tl.constexpr, SEP: tl.constexpr):  # fmt: skip
+             EP: tl.constexpr, SEP: tl.constexpr, sums_ptr, norm_k, norm_eps,
+             NORM_BLOCK: tl.constexpr):  # fmt: skip
     """The 32 rows' dot products over chunks c0 .. c1 - 1 of row tile `tile` ([32] float32):
     the first chunks' weights requested before ``wait_prev`` (PDL), the activations after it
-    (rounded here first with QX). Arguments as gemv_int8_rows_kernel's."""
+    (rounded here first with QX). Arguments as gemv_int8_rows_kernel's. NORM_BLOCK > 0: the
+    activations are ``h * w`` rounded by the GEMV before (``norm_ahead``), whose row of norm_k
+    the tile sums at sums_ptr give ``rstd``: loaded with the activations, the sums scaled by
+    it at the end."""
     acc = tl.zeros((ROWS, KW), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
+        if NORM_BLOCK > 0:
+            sums = load_sums(sums_ptr, norm_k, NORM_BLOCK)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         cb = c0
         while cb < c1:
@@ -259,6 +273,8 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
         cur = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
                     stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
         wait_prev(PDL)
+        if NORM_BLOCK > 0:
+            sums = load_sums(sums_ptr, norm_k, NORM_BLOCK)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
         for cb in range(c0 + KW, c1, KW):
@@ -269,13 +285,18 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
         cur = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, c0, c1,
                     stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
         wait_prev(PDL)
+        if NORM_BLOCK > 0:
+            sums = load_sums(sums_ptr, norm_k, NORM_BLOCK)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)  # the first loads in flight
         for cb in range(c0, c1, KW):
             nxt = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb + KW,
                         c1, stride_q, stride_s, stride_d, W, KW, CM, EP, SEP)  # fmt: skip
             acc = _compute(acc, cb, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
             cur = nxt
-    return tl.sum(acc, axis=1)
+    y = tl.sum(acc, axis=1)
+    if NORM_BLOCK > 0:
+        y = y * rms_scale(sums, norm_k, norm_eps)
+    return y
 
 
 @triton.jit
@@ -285,7 +306,10 @@ def gemv_int8_rows_kernel(
     q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,  # row-interleaved planes (packed_rows)
     out_ptr,  # [N] in the output dtype ([N / 2] with ACT)
     part_ptr, tickets_ptr,  # split-K partials [SPLITS, N] float32, tickets (split_tickets)
-    oq_ptr, od_ptr, os_ptr,  # with ACT and OUT_W: the gated outputs rounded to int8
+    oq_ptr, od_ptr, os_ptr,  # with OUT_W: the gated (ACT) or normed (NORM_OUT) outputs in int8
+    oq2_ptr, od2_ptr, os2_ptr,  # with NORM_OUT and OUT_W2: the normed outputs, a second layout
+    res_ptr, hres_ptr, nw_ptr, nsums_ptr,  # NORM_OUT: residual in, out + residual, norm weight,
+    sums_ptr, norm_k, norm_eps,  # the tiles' sums of squares; NORM_BLOCK: x's (norm_ahead)
     pos_ptr, slot_ptr, kc_ptr, vc_ptr, ff_ptr, row0, q_dim, kv_dim, rope_scale, rope_step,  # ROPE
     N, n_chunks, per_split, stride_q, stride_s, stride_d,
     QTYPE: tl.constexpr,
@@ -309,6 +333,10 @@ def gemv_int8_rows_kernel(
     ROPE_DIM: tl.constexpr = 128,
     HAS_FF: tl.constexpr = False,
     LATE_NEXT: tl.constexpr = False,  # launch_next after the weight loop, not first (late_next)
+    NORM_BLOCK: tl.constexpr = 0,  # > 0: the activations await the norm's scale (norm_ahead)
+    NORM_OUT: tl.constexpr = False,  # the output plus the residual normed and rounded in layout
+    OUT_W2: tl.constexpr = 0,  # (OUT_W, OUT_G) and with OUT_W2 (OUT_W2, OUT_G2) (norm_ahead)
+    OUT_G2: tl.constexpr = 8,
 ):  # fmt: skip
     if not LATE_NEXT:
         launch_next(PDL)
@@ -321,49 +349,83 @@ def gemv_int8_rows_kernel(
                               ROPE_DIM, HAS_FF)  # fmt: skip
     y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
                  tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
-                 PDL, INTERPRETED, CM, EP, SEP)  # fmt: skip
+                 PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k, norm_eps,
+                 NORM_BLOCK)  # fmt: skip
     if LATE_NEXT:
         launch_next(PDL)
     if ROPE:  # (no ACT: OUT_W is 0)
         finish_qkv_rope(out_ptr, part_ptr, tickets_ptr, y, rows, N, cos, sin, slot_ptr, kc_ptr,
                         vc_ptr, row0, q_dim, kv_dim, ROWS, SPLITS, HEAD_DIM, ROPE_DIM,
                         INTERPRETED)  # fmt: skip
+    elif NORM_OUT:  # (no ACT) the tile's results, then the norm's work on them
+        last, acc = tile_sums(part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS)
+        if last:
+            store_rows(out_ptr, acc, rows, N, ROWS, 0)
+            norm_rows(acc, rows, N, out_ptr.dtype.element_ty, res_ptr, hres_ptr, nw_ptr,
+                      nsums_ptr, oq_ptr, od_ptr, os_ptr, OUT_W, OUT_G, oq2_ptr, od2_ptr, os2_ptr,
+                      OUT_W2, OUT_G2)  # fmt: skip
+            release_tile(tickets_ptr, SPLITS)
     else:
         last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
-    if OUT_W > 0:  # noqa: SIM102 - a compile-time test around a runtime one
+    if OUT_W > 0 and not NORM_OUT:  # noqa: SIM102 - a compile-time test around a runtime one
         if last:
             round_gated(out_ptr, tickets_ptr, tl.num_programs(0), oq_ptr, od_ptr, os_ptr, ROWS,
                         OUT_W, OUT_G)  # fmt: skip
 
 
 def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp,
-                     int8=None, out_int8=None, rope=None) -> None:  # fmt: skip
+                     int8=None, out_int8=None, rope=None, norm_out=None) -> None:  # fmt: skip
     """gemv_int8_rows_kernel over the interleaved pw for the row x ([K]); targets: (out, split
     partials, tickets) as finish_rows takes them, grid (row tiles of 32, splits); cfg: num_warps
     (= KW, chunks in flight), PREFETCH and QX as packed_int8's, MAXNREG (a register cap other
     than maxnreg's); int8: x rounded for pw's layout already (xq, xd, xs, e.g. by the RMSNorm
-    that made it: norm.add_rms_norm_int8), else a launch rounds it (or the GEMV itself, with
-    QX); out_int8: with act, (xq, xd, xs, W, G) buffers the gated outputs are rounded into for
+    that made it: norm.add_rms_norm_int8; or five, (xq, xd, xs, sums, eps): ``h * w`` awaiting
+    the norm's scale, ``norm_ahead``), else a launch rounds it (or the GEMV itself, with QX);
+    out_int8: with act, (xq, xd, xs, W, G) buffers the gated outputs are rounded into for
     the next GEMV (W 16 or 32); rope: (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row
     0) for Q/K/V rows whose epilogue rotates q and k and writes k and v to the cache (without
-    act)."""
+    act); norm_out (``norm_ahead.NormOut``, without act or rope): the output plus its residual
+    normed and rounded for the next GEMVs here."""
     qx = bool(cfg.get("QX")) and int8 is None
     if int8 is not None:
-        xq, xd, xs = int8
+        xq, xd, xs = int8[:3]
     else:
         xq, xd, xs = int8_buffers(x, pw) if qx else prepare_int8(x, pw)
-    oq, od, os_, out_w, out_g = out_int8 if out_int8 else (xq, xd, xs, 0, 8)
+    if rope is not None and act:
+        raise ValueError("launch_int8_rows: the RoPE epilogue is for Q/K/V rows, not gate/up")
+    if norm_out is not None and (act or rope is not None):
+        raise ValueError("launch_int8_rows: norm_out is for plain rows (no act or rope)")
     warps = cfg.get("num_warps", 4)
     cm, ep, sep = cache_hints(cfg)
     early = pdl(x.device, gemv_int8_rows_kernel)
-    if rope is not None and act:
-        raise ValueError("launch_int8_rows: the RoPE epilogue is for Q/K/V rows, not gate/up")
     rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(targets[0])
+    ends, ends_kw = epilogue_args(xq, int8, out_int8, norm_out, pw.shape[1])
     gemv_int8_rows_kernel[grid](
-        x, xq, xd, xs, *planes(pw), *targets, oq, od, os_, *rope_args, pw.shape[0], n_chunks,
+        x, xq, xd, xs, *planes(pw), *targets, *ends, *rope_args, pw.shape[0], n_chunks,
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
-        OUT_W=out_w, OUT_G=out_g, CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
+        CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
         LATE_NEXT=late_next(rope is not None, pw.qtype), num_warps=warps,
-        maxnreg=register_cap(cfg, pw.qtype), **launch_kw(early),
+        maxnreg=register_cap(cfg, pw.qtype), **ends_kw, **launch_kw(early),
     )  # fmt: skip
+
+
+def epilogue_args(xq, int8, out_int8, norm_out, k: int) -> tuple[list, dict]:
+    """gemv_int8_rows_kernel's arguments from oq_ptr to norm_eps, and their constexprs: the
+    gated outputs' rounding (out_int8), or the norm of norm_out, and the pending norm scale of
+    int8 (norm_ahead); unused pointers are xq (never read)."""
+    rounded = [(xq, xq, xq, 0, 8)] * 2
+    res = [xq] * 4
+    if out_int8:
+        rounded[0] = out_int8
+    if norm_out is not None:
+        rounded[: len(norm_out.rounded)] = norm_out.rounded
+        res = [norm_out.residual, norm_out.new_residual, norm_out.weight, norm_out.sums]
+    pending = int8 is not None and len(int8) == 5
+    sums, eps = int8[3:] if pending else (xq, 0.0)
+    kw = {
+        "OUT_W": rounded[0][3], "OUT_G": rounded[0][4], "OUT_W2": rounded[1][3],
+        "OUT_G2": rounded[1][4], "NORM_OUT": norm_out is not None,
+        "NORM_BLOCK": sums_block(k) if pending else 0,
+    }  # fmt: skip
+    return [*rounded[0][:3], *rounded[1][:3], *res, sums, k, eps], kw

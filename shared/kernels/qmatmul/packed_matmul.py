@@ -69,6 +69,7 @@ def packed_matmul(
     int8: tuple[torch.Tensor, ...] | None = None,
     out_int8: tuple | None = None,
     rope: tuple | None = None,
+    norm_out: tuple | None = None,
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
 
@@ -98,6 +99,9 @@ def packed_matmul(
     ``rope``: (``qkv_rope.QKVRope``, the fused Q/K/V row of pw's row 0), for the rows GEMV of
     Q/K/V rows without act only: its epilogue rotates the q rows in the result and writes k
     (rotated) and v to the cache instead of the result.
+    ``norm_out``: a ``norm_ahead.NormOut``, for the rows GEMV without act or rope only: the
+    result plus its residual is also stored as the new residual, and normed and rounded to
+    int8 for the GEMVs after it (their ``int8`` of five, awaiting the norm's scale).
     """
     n, k = pw.shape
     if out_int8 is not None and not (act and rounds_gated(n // 2, *out_int8[3:])):
@@ -118,10 +122,12 @@ def packed_matmul(
     interp = interpreted(gemv_kernel)
     if rope is not None and not (pw.rows32 and m == 1 and not act):
         raise ValueError("packed_matmul: rope needs the rows GEMV (one row, interleaved, no act)")
+    if norm_out is not None and not (pw.rows32 and m == 1 and not act and rope is None):
+        raise ValueError("packed_matmul: norm_out needs the rows GEMV (one row, interleaved)")
     if pw.rows32 and m == 1:  # row-interleaved planes: the rows GEMV (packed_int8_rows)
         if pw.qtype not in ROWS_TYPES:
             raise ValueError(f"packed_matmul: no GEMV over interleaved {pw.qtype.name} planes")
-        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8, out_int8, rope)
+        _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8, out_int8, rope, norm_out)
         return out
     if out_int8 is not None:
         raise ValueError("packed_matmul: out_int8 needs the rows GEMV (one row, interleaved)")
@@ -213,7 +219,7 @@ def rounds_gated(n_out: int, w: int, g: int) -> bool:
 
 
 def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None,
-               rope=None) -> None:  # fmt: skip
+               rope=None, norm_out=None) -> None:  # fmt: skip
     """The int8 GEMV over row-interleaved planes (packed_int8_rows): a tile of 32 rows a
     program, cfg's SPLIT_K programs along K (automatic when absent), num_warps chunks in
     flight; a config of another kernel (no ``ROWS`` key: an untuned shape) takes 4 warps."""
@@ -221,7 +227,7 @@ def _rows_gemv(x, pw, out, n_chunks, cfg, act, interp, int8=None, out_int8=None,
     cfg, splits = rows_plan(pw, cfg)
     per_split, splits, targets = split_targets(out, pw, n_chunks, splits)
     launch_int8_rows(x, pw, targets, (tiles, splits), n_chunks, per_split, cfg, act, interp, int8,
-                     out_int8, rope)  # fmt: skip
+                     out_int8, rope, norm_out)  # fmt: skip
 
 
 def rows_plan(pw: PackedWeight, cfg: dict, pair: PackedWeight | None = None) -> tuple[dict, int]:

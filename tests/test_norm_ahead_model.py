@@ -1,0 +1,99 @@
+"""The residual add and RMSNorm folded into the batch-1 GEMVs inside the model
+(``LlamaLayer.forward``, ``QuantLinear.forward_norm``; the kernels:
+tests/test_kernel_norm_ahead.py).
+
+A synthetic two-layer Llama quantized by llama.cpp, its planes interleaved as CUDA keeps them,
+is run with the Triton ops over a prompt chunk and then token by token, with the fold on and
+off (``linear.NORM_AHEAD``): the one-token steps launch the add + RMSNorm only for the first
+layer's attention norm (the output projections and the first layer's down projection do the
+rest), the prompt chunk for every norm; the steps' logits are no farther from the float32 CPU
+reference than the norm launches' (the folded rounding's codes come from float32 ``h * w``,
+the norm's from its bf16 output). Q4_K_M (a
+Q4_K + Q6_K pair launch for Q/K/V in some layers) under TRITON_INTERPRET=1 on the CPU and
+natively on CUDA; Q8_0 on CUDA."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import shared.model.linear as linear
+from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
+from shared.kv import KVPool
+from shared.loader import GGUFFile
+from shared.model import ForwardBatch, SeqChunk, load_model
+from shared.model.linear import QuantLinear
+from tests.oracle import skiff_logits
+from tests.test_logits import synthetic
+from tools.synthetic_gguf import SynthSpec
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+# small for the interpreter: two layers (the down projection folds the next layer's norm)
+SPEC = SynthSpec("llama", n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64,
+                 ffn_dim=256, vocab=320, seed=4)  # fmt: skip
+BLOCK = 8
+PROMPT, STEPS = 2, 2
+
+
+def _decode(path: Path, fold: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, list]:
+    """(the logits of a prompt chunk and STEPS one-token steps, the rows of each add + RMSNorm
+    launch that ran)."""
+    monkeypatch.setattr(linear, "NORM_AHEAD", fold)
+    model = load_model(GGUFFile(path, cache_dir=path.parent), DEVICE, torch.bfloat16,
+                       cache_dequantized=False, ops="triton")  # fmt: skip
+    for m in model.modules():
+        packed = m.packed if isinstance(m, QuantLinear) else None
+        if packed is not None and not packed.rows32 and wants_rows(m.qtype):
+            m.packed = interleave(packed)
+    launches: list[int] = []
+    for layer in model.layers:
+        real = layer.add_norm
+        layer.add_norm = lambda x, *a, real=real: launches.append(x.shape[0]) or real(x, *a)
+    cfg = model.cfg
+    kv = KVPool(cfg.n_layers, 4, BLOCK, cfg.n_kv_heads, cfg.head_dim, torch.bfloat16, DEVICE)
+    ids = [1] + np.random.default_rng(6).integers(3, SPEC.vocab, PROMPT + STEPS - 1).tolist()
+    table, out, start = [3, 1, 2, 0], [], 0
+    for n in [PROMPT] + [1] * STEPS:
+        batch = ForwardBatch.build([SeqChunk(ids[start : start + n], start, table, "all")],
+                                   BLOCK, DEVICE)  # fmt: skip
+        out.append(model(batch, kv).float().cpu().numpy())
+        start += n
+    return np.concatenate(out), launches
+
+
+# Q8_0 natively only: two decodes of five minutes each under the interpreter
+@pytest.mark.parametrize(
+    "ftype",
+    [
+        "Q4_K_M",
+        pytest.param("Q8_0", marks=pytest.mark.skipif(DEVICE == "cpu", reason="CUDA only")),
+    ],
+)
+def test_decode_with_the_fold_agrees_with_the_norm_launches(
+    ftype: str, synthetic_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = synthetic(SPEC, ftype, synthetic_dir)
+    apart, apart_launches = _decode(path, False, monkeypatch)
+    got, launches = _decode(path, True, monkeypatch)
+    norms = 2 * SPEC.n_layers
+    assert apart_launches == [PROMPT] * norms + [1] * norms * STEPS
+    assert launches == [PROMPT] * norms + [1] * STEPS
+    np.testing.assert_array_equal(got[:PROMPT], apart[:PROMPT])  # the same launches
+    # the one-token steps, against the float32 CPU reference: the fold no farther from it than
+    # the norm launches (bf16 activations, int8 roundings: both about 4 % of the largest logit
+    # for Q4_K_M), and the two within that of each other
+    ids = [1] + np.random.default_rng(6).integers(3, SPEC.vocab, PROMPT + STEPS - 1).tolist()
+    ref = skiff_logits(path, ids, "cpu")[PROMPT:]
+    scale = np.abs(ref).max()
+    err_apart = np.abs(apart[PROMPT:] - ref).max()
+    err = np.abs(got[PROMPT:] - ref).max()
+    assert err <= 1.2 * err_apart + 0.005 * scale, (err, err_apart, scale)
+    assert np.abs(got - apart).max() < 0.06 * scale

@@ -97,3 +97,38 @@ def test_decode_with_the_fold_agrees_with_the_norm_launches(
     err = np.abs(got[PROMPT:] - ref).max()
     assert err <= 1.2 * err_apart + 0.005 * scale, (err, err_apart, scale)
     assert np.abs(got - apart).max() < 0.06 * scale
+
+
+def _generate(path: Path, graphs: bool) -> tuple[list[int], int]:
+    """One sequence's 24 greedy tokens through the engine (batch 1: the fold), with the decode
+    steps replayed from CUDA graphs or eager: (the tokens, the decode replays)."""
+    from shared.engine import Sequence
+    from shared.engine.cuda_graphs import StepGraphs
+    from shared.engine.engine import LLMEngine
+    from shared.engine.model_runner import ModelRunner
+    from shared.kv import BlockManager
+    from shared.sampling import SamplingParams
+
+    model = load_model(GGUFFile(path), DEVICE, torch.bfloat16)
+    cfg = model.cfg
+    kv = KVPool(cfg.n_layers, 64, 16, cfg.n_kv_heads, cfg.head_dim, torch.bfloat16, DEVICE)
+    g = None
+    if graphs:
+        g = StepGraphs(model, kv, max_seqs=4, max_model_len=512, max_batch_tokens=0)
+        g.capture()
+    engine = LLMEngine(ModelRunner(model, kv, DEVICE, g), BlockManager(64, 16), 512, 512, 4)
+    ids = [1] + np.random.default_rng(7).integers(3, SPEC.vocab, 20).tolist()
+    engine.add(Sequence(0, ids, SamplingParams(temperature=0), 24))
+    out: list[int] = []
+    while engine.has_work():
+        out.extend(ev.token_id for ev in engine.step())
+    return out, (g.replays["decode"] if g is not None else 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE == "cpu", reason="CUDA graphs")
+def test_decode_graphs_with_the_fold_match_eager(synthetic_dir: Path) -> None:
+    path = synthetic(SPEC, "Q4_K_M", synthetic_dir)
+    graphs, replays = _generate(path, True)
+    assert replays > 5
+    assert graphs == _generate(path, False)[0]

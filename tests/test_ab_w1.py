@@ -13,6 +13,7 @@ import torch
 import shared.engine.cuda_graphs as graphs
 import shared.kernels.norm as norm
 import shared.kernels.paged_attention as pa
+import shared.kernels.qmatmul.norm_ahead as norm_ahead
 import shared.kernels.qmatmul.packed_int8_pair as pair
 import shared.kernels.qmatmul.packed_int8_rows as rows
 import shared.kernels.qmatmul.packed_int8_rows_batch as rows_batch
@@ -67,6 +68,7 @@ def _state() -> tuple:
         tuple(rows.late_next(r, *t) for r in (True, False) for t in ((8,), (12,), (12, 14))),
         (norm._slice(1, 4096, ((32, 8),)), norm._launch_config(4096)),
         linear.NORM_AHEAD,
+        norm_ahead.EARLY_LOADS,
     )
 
 
@@ -124,6 +126,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-32-w1": {21, 22},
         "attn-64-w8": {22, 23},
         "norm-ahead-off": {28},
+        "norm-early-off": {29},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

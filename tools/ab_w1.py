@@ -54,7 +54,9 @@ only), ``qkv-late-off`` (none); ``gemv-late-next`` (every rows and pair launch s
 ``norm-slice-256``, ``norm-slice-1024`` (a decode row's RMSNorm in programs of 256 or 1,024
 columns, not 512: ``norm._SLICE``); ``norm-warps-4`` (the RMSNorm's programs of 4 warps, not 8);
 ``norm-ahead-off`` (batch 1's residual add + RMSNorm in launches of their own, not folded into
-the output and down projections' epilogues: ``linear.NORM_AHEAD`` off, as before (ao)).
+the output and down projections' epilogues: ``linear.NORM_AHEAD`` off, as before (ao));
+``norm-early-off`` (those epilogues load the residual and norm weight themselves, after the
+tile's last split: ``norm_ahead.EARLY_LOADS`` off).
 """
 
 from __future__ import annotations
@@ -273,6 +275,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "wide-off": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_ROWS", False),),
     "wide-64": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 64),),
     "norm-ahead-off": (_off("shared.model.linear", "NORM_AHEAD", False),),
+    "norm-early-off": (_off("shared.kernels.qmatmul.norm_ahead", "EARLY_LOADS", False),),
     "one-seq-off": (_off("shared.kernels.paged_attention", "_ONE_SEQ", False),),
     "qkv-unfused": (
         lambda: _patched(

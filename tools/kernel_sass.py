@@ -122,6 +122,9 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         consts |= {"OUT_W": 32 if act or kind == "gemv-r8n" else 0, "OUT_G": 8}
         norm_out = kind == "gemv-r8n"
         consts |= {"NORM_OUT": norm_out, "OUT_W2": 16 if norm_out else 0, "OUT_G2": 16}
+        consts["NORM_EARLY"] = (
+            norm_out and importlib.import_module("shared.kernels.qmatmul.norm_ahead").EARLY_LOADS
+        )
         consts["NORM_BLOCK"] = k // 32 if kind == "gemv-r8p" else 0
         # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
         # (the default; r8r too) and r8s (scales too), .cg for r8c

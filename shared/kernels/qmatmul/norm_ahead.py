@@ -39,11 +39,16 @@ __all__ = [
     "norm_buffers",
     "norm_rows",
     "rms_scale",
+    "row_slice",
     "sums_block",
 ]
 
 TILE = 32  # the rows a producing program stores (packed_rows.ROWS): one sum of squares each
 _TILE = tl.constexpr(TILE)
+# the producing GEMV's residual and norm-weight rows loaded early (the weight before the wait,
+# the residual with the activations after it), so that its last program's epilogue waits for
+# no load of its own; else loaded there
+EARLY_LOADS = True
 
 
 class NormOut(NamedTuple):
@@ -86,27 +91,33 @@ def folds(n: int, layouts: tuple[tuple[int, int], ...]) -> bool:
 
 
 @triton.jit
-def norm_rows(acc, rows, N, out_dtype: tl.constexpr, res_ptr, hres_ptr, nw_ptr, sums_ptr,
+def norm_rows(acc, r, w, rows, N, out_dtype: tl.constexpr, hres_ptr, sums_ptr,
               oq1, od1, os1, W1: tl.constexpr, G1: tl.constexpr,
               oq2, od2, os2, W2: tl.constexpr, G2: tl.constexpr):  # fmt: skip
     """A tile's outputs (acc, TILE float32 sums of rows `rows`, stored in out_dtype) plus the
-    residual: stored as the new residual, their sum of squares as tile program_id(0)'s, and
-    ``h * w`` rounded to int8 in layout (W1, G1) and, with W2 > 0, (W2, G2)."""
+    residual r (float32, as loaded): stored as the new residual, their sum of squares as tile
+    program_id(0)'s, and ``h * w`` (w: the norm weight's rows, float32) rounded to int8 in
+    layout (W1, G1) and, with W2 > 0, (W2, G2)."""
     live = rows < N
     a = acc.to(out_dtype).to(tl.float32)  # the output as the norm would have read it
-    r = tl.load(res_ptr + rows, mask=live, other=0.0).to(tl.float32)
     h = (a + r).to(hres_ptr.dtype.element_ty)
     tl.store(hres_ptr + rows, h, mask=live)
     hf = h.to(tl.float32)
     tile = tl.program_id(0)
     tl.store(sums_ptr + tile, tl.sum(hf * hf, axis=0))
-    y = hf * tl.load(nw_ptr + rows, mask=live, other=0.0).to(tl.float32)
+    y = hf * w
     TILE_ROWS: tl.constexpr = y.shape[0]
     round_blocks(tl.reshape(y, (TILE_ROWS // W1, W1)), tile * (TILE_ROWS // W1), N // W1, oq1,
                  od1, os1, W1, G1)  # fmt: skip
     if W2 > 0:
         round_blocks(tl.reshape(y, (TILE_ROWS // W2, W2)), tile * (TILE_ROWS // W2), N // W2,
                      oq2, od2, os2, W2, G2)  # fmt: skip
+
+
+@triton.jit
+def row_slice(ptr, rows, N, VOLATILE: tl.constexpr = False):
+    """ptr's entries at rows as float32 (zero past N); VOLATILE: issued where it stands."""
+    return tl.load(ptr + rows, mask=rows < N, other=0.0, volatile=VOLATILE).to(tl.float32)
 
 
 @triton.jit

@@ -70,10 +70,10 @@ def gemv_int8_pair_kernel(
         if ROPE:
             cos, sin = qkv_angles(pos_ptr, ff_ptr, row0, rows, rope_scale, rope_step, ROWS,
                                   HEAD_DIM, ROPE_DIM, HAS_FF)  # fmt: skip
-        y = row_sums(xq_a, xq_a, xd_a, xs_a, q_a, hi_a, sc_a, mn_a, d_a, dmin_a, tile, c0,
-                     tl.minimum(c0 + per_a, chunks_a), sq_a, ss_a, sd_a, QTYPE_A, HI_A, W_A, G_A,
-                     KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k,
-                     norm_eps, NORM_BLOCK)  # fmt: skip
+        y, _ = row_sums(xq_a, xq_a, xd_a, xs_a, q_a, hi_a, sc_a, mn_a, d_a, dmin_a, tile, c0,
+                        tl.minimum(c0 + per_a, chunks_a), sq_a, ss_a, sd_a, QTYPE_A, HI_A, W_A, G_A,
+                        KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k,
+                        norm_eps, NORM_BLOCK, sums_ptr, rows, 0, False)  # fmt: skip
         if LATE_NEXT:
             launch_next(PDL)
         if ROPE:
@@ -89,10 +89,10 @@ def gemv_int8_pair_kernel(
         if ROPE:
             cos, sin = qkv_angles(pos_ptr, ff_ptr, row0 + n_a, rows, rope_scale, rope_step, ROWS,
                                   HEAD_DIM, ROPE_DIM, HAS_FF)  # fmt: skip
-        y = row_sums(xq_b, xq_b, xd_b, xs_b, q_b, hi_b, sc_b, mn_b, d_b, dmin_b, tile, c0,
-                     tl.minimum(c0 + per_b, chunks_b), sq_b, ss_b, sd_b, QTYPE_B, HI_B, W_B, G_B,
-                     KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k,
-                     norm_eps, NORM_BLOCK)  # fmt: skip
+        y, _ = row_sums(xq_b, xq_b, xd_b, xs_b, q_b, hi_b, sc_b, mn_b, d_b, dmin_b, tile, c0,
+                        tl.minimum(c0 + per_b, chunks_b), sq_b, ss_b, sd_b, QTYPE_B, HI_B, W_B, G_B,
+                        KW, PREFETCH, False, PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k,
+                        norm_eps, NORM_BLOCK, sums_ptr, rows, 0, False)  # fmt: skip
         if LATE_NEXT:
             launch_next(PDL)
         # the tickets of program_id(0) are drawn: B's tile + tiles_a

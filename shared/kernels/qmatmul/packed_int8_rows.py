@@ -28,9 +28,16 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
+from shared.kernels.qmatmul import norm_ahead
 from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4
-from shared.kernels.qmatmul.norm_ahead import load_sums, norm_rows, rms_scale, sums_block
+from shared.kernels.qmatmul.norm_ahead import (
+    load_sums,
+    norm_rows,
+    rms_scale,
+    row_slice,
+    sums_block,
+)
 from shared.kernels.qmatmul.packed_chunk import Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
@@ -250,17 +257,20 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
              W: tl.constexpr, G: tl.constexpr, KW: tl.constexpr, PREFETCH: tl.constexpr,
              QX: tl.constexpr, PDL: tl.constexpr, INTERPRETED: tl.constexpr, CM: tl.constexpr,
              EP: tl.constexpr, SEP: tl.constexpr, sums_ptr, norm_k, norm_eps,
-             NORM_BLOCK: tl.constexpr):  # fmt: skip
+             NORM_BLOCK: tl.constexpr, early_ptr, rows, N, EARLY: tl.constexpr):  # fmt: skip
     """The 32 rows' dot products over chunks c0 .. c1 - 1 of row tile `tile` ([32] float32):
     the first chunks' weights requested before ``wait_prev`` (PDL), the activations after it
     (rounded here first with QX). Arguments as gemv_int8_rows_kernel's. NORM_BLOCK > 0: the
     activations are ``h * w`` rounded by the GEMV before (``norm_ahead``), whose row of norm_k
     the tile sums at sums_ptr give ``rstd``: loaded with the activations, the sums scaled by
-    it at the end."""
+    it at the end. EARLY: (the sums, early_ptr's entries at rows below N, loaded with the
+    activations, float32), else (the sums, the sums)."""
     acc = tl.zeros((ROWS, KW), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         if NORM_BLOCK > 0:
             sums = load_sums(sums_ptr, norm_k, NORM_BLOCK)
+        if EARLY:
+            early = row_slice(early_ptr, rows, N, True)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         cb = c0
         while cb < c1:
@@ -275,6 +285,8 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
         wait_prev(PDL)
         if NORM_BLOCK > 0:
             sums = load_sums(sums_ptr, norm_k, NORM_BLOCK)
+        if EARLY:
+            early = row_slice(early_ptr, rows, N, True)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)
         acc = _compute(acc, c0, c1, cur, xq_ptr, xd_ptr, xs_ptr, QTYPE, HI, W, G, KW, False)
         for cb in range(c0 + KW, c1, KW):
@@ -287,6 +299,8 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
         wait_prev(PDL)
         if NORM_BLOCK > 0:
             sums = load_sums(sums_ptr, norm_k, NORM_BLOCK)
+        if EARLY:
+            early = row_slice(early_ptr, rows, N, True)
         _round_split(x_ptr, xq_ptr, xd_ptr, xs_ptr, c0, c1, QX, W, G)  # the first loads in flight
         for cb in range(c0, c1, KW):
             nxt = fetch(QTYPE, HI, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr, tile, cb + KW,
@@ -296,7 +310,9 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
     y = tl.sum(acc, axis=1)
     if NORM_BLOCK > 0:
         y = y * rms_scale(sums, norm_k, norm_eps)
-    return y
+    if EARLY:
+        return y, early
+    return y, y
 
 
 @triton.jit
@@ -337,6 +353,7 @@ def gemv_int8_rows_kernel(
     NORM_OUT: tl.constexpr = False,  # the output plus the residual normed and rounded in layout
     OUT_W2: tl.constexpr = 0,  # (OUT_W, OUT_G) and with OUT_W2 (OUT_W2, OUT_G2) (norm_ahead)
     OUT_G2: tl.constexpr = 8,
+    NORM_EARLY: tl.constexpr = False,  # NORM_OUT's residual and weight loaded early (EARLY_LOADS)
 ):  # fmt: skip
     if not LATE_NEXT:
         launch_next(PDL)
@@ -347,10 +364,13 @@ def gemv_int8_rows_kernel(
     if ROPE:
         cos, sin = qkv_angles(pos_ptr, ff_ptr, row0, rows, rope_scale, rope_step, ROWS, HEAD_DIM,
                               ROPE_DIM, HAS_FF)  # fmt: skip
-    y = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr, dmin_ptr,
-                 tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW, PREFETCH, QX,
-                 PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k, norm_eps,
-                 NORM_BLOCK)  # fmt: skip
+    EARLY: tl.constexpr = NORM_OUT and NORM_EARLY
+    if EARLY:  # the norm weight (a constant) before the weights, the residual after the wait
+        nw = row_slice(nw_ptr, rows, N)
+    y, r = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
+                    dmin_ptr, tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW,
+                    PREFETCH, QX, PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k, norm_eps,
+                    NORM_BLOCK, res_ptr, rows, N, EARLY)  # fmt: skip
     if LATE_NEXT:
         launch_next(PDL)
     if ROPE:  # (no ACT: OUT_W is 0)
@@ -361,9 +381,12 @@ def gemv_int8_rows_kernel(
         last, acc = tile_sums(part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS)
         if last:
             store_rows(out_ptr, acc, rows, N, ROWS, 0)
-            norm_rows(acc, rows, N, out_ptr.dtype.element_ty, res_ptr, hres_ptr, nw_ptr,
-                      nsums_ptr, oq_ptr, od_ptr, os_ptr, OUT_W, OUT_G, oq2_ptr, od2_ptr, os2_ptr,
-                      OUT_W2, OUT_G2)  # fmt: skip
+            if not EARLY:
+                r = row_slice(res_ptr, rows, N)
+                nw = row_slice(nw_ptr, rows, N)
+            norm_rows(acc, r, nw, rows, N, out_ptr.dtype.element_ty, hres_ptr, nsums_ptr, oq_ptr,
+                      od_ptr, os_ptr, OUT_W, OUT_G, oq2_ptr, od2_ptr, os2_ptr, OUT_W2,
+                      OUT_G2)  # fmt: skip
             release_tile(tickets_ptr, SPLITS)
     else:
         last = finish_rows(out_ptr, part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS, ACT)
@@ -426,6 +449,7 @@ def epilogue_args(xq, int8, out_int8, norm_out, k: int) -> tuple[list, dict]:
     kw = {
         "OUT_W": rounded[0][3], "OUT_G": rounded[0][4], "OUT_W2": rounded[1][3],
         "OUT_G2": rounded[1][4], "NORM_OUT": norm_out is not None,
+        "NORM_EARLY": norm_out is not None and norm_ahead.EARLY_LOADS,
         "NORM_BLOCK": sums_block(k) if pending else 0,
     }  # fmt: skip
     return [*rounded[0][:3], *rounded[1][:3], *res, sums, k, eps], kw

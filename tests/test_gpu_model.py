@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from shared.loader import GGUFFile
 from tests.oracle import compare, skiff_logits
 from tools.synthetic_gguf import SynthSpec, write_synthetic_gguf
 
@@ -49,7 +50,7 @@ def test_gpu_logits_match_cpu(cuda: str, synthetic_dir: Path) -> None:
     models = gpu_models(synthetic_dir)
     assert len(models) >= 3
     for path in models:
-        ids = _ids(300)
+        ids = _ids(300, vocab=len(GGUFFile(path).metadata["tokenizer.ggml.tokens"]))
         cpu = skiff_logits(path, ids, "cpu")
         gpu = skiff_logits(path, ids, cuda)
         got = compare(gpu, cpu)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.oracle import compare, llama_cpp_logits, skiff_logits
 from tools.dequantize_gguf import dequantize_gguf
-from tools.synthetic_gguf import SynthSpec, quantize_with_llama_cpp, write_synthetic_gguf
+from tools.synthetic_gguf import SynthSpec, synthetic
 
 llama_cpp = pytest.importorskip("llama_cpp")
 TEXT = (Path(__file__).parent / "fidelity_text.txt").read_text()
@@ -58,18 +58,6 @@ def test_real_model_same_graph_as_llama_cpp(
     print(f"\n{which} vs llama.cpp on its F32 copy: {got}")
     assert got.top1 >= 0.99
     assert got.mean_abs_diff < 0.01
-
-
-def synthetic(spec: SynthSpec, ftype: str, d: Path) -> Path:
-    src = d / f"{spec.name}.f32.gguf"
-    if not src.exists():
-        write_synthetic_gguf(src, spec)
-    if ftype == "F32":
-        return src
-    dst = d / f"{spec.name}.{ftype}.gguf"
-    if not dst.exists():
-        quantize_with_llama_cpp(src, dst, ftype)
-    return dst
 
 
 def random_ids(vocab: int, n: int, seed: int = 0) -> list[int]:

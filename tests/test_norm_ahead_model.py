@@ -28,8 +28,7 @@ from shared.loader import GGUFFile
 from shared.model import ForwardBatch, SeqChunk, load_model
 from shared.model.linear import QuantLinear
 from tests.oracle import skiff_logits
-from tests.test_logits import synthetic
-from tools.synthetic_gguf import SynthSpec
+from tools.synthetic_gguf import SynthSpec, synthetic
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(

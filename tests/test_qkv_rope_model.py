@@ -22,8 +22,7 @@ from shared.kv import KVPool
 from shared.loader import GGUFFile
 from shared.model import ForwardBatch, SeqChunk, load_model
 from shared.model.linear import QuantLinear
-from tests.test_logits import synthetic
-from tools.synthetic_gguf import SynthSpec
+from tools.synthetic_gguf import SynthSpec, synthetic
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(

@@ -170,3 +170,18 @@ def quantize_with_llama_cpp(src: str | Path, dst: str | Path, ftype_name: str) -
         raise RuntimeError(f"llama.cpp failed to quantize {src} to {ftype_name} (rc={rc})")
     os.replace(tmp, dst)
     return Path(dst)
+
+
+def synthetic(spec: SynthSpec, ftype: str, d: Path) -> Path:
+    """The model of `spec` in directory d as `ftype` ("F32" or a llama.cpp file type name):
+    written (F32) and quantized by llama.cpp the first time, found there after (a machine
+    without llama-cpp-python takes the quantized files carried to it)."""
+    src = d / f"{spec.name}.f32.gguf"
+    if not src.exists():
+        write_synthetic_gguf(src, spec)
+    if ftype == "F32":
+        return src
+    dst = d / f"{spec.name}.{ftype}.gguf"
+    if not dst.exists():
+        quantize_with_llama_cpp(src, dst, ftype)
+    return dst

@@ -22,15 +22,13 @@ import pytest
 import torch
 
 import shared.model.linear as linear
-from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kv import KVPool
 from shared.loader import GGUFFile
-from shared.model import ForwardBatch, SeqChunk, load_model
-from shared.model.linear import QuantLinear
+from shared.model import load_model
+from tests.interleaved_model import DEVICE, decode_logits, load_interleaved
 from tests.oracle import skiff_logits
 from tools.synthetic_gguf import SynthSpec, synthetic
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
     reason="needs CUDA or TRITON_INTERPRET=1",
@@ -38,7 +36,6 @@ pytestmark = pytest.mark.skipif(
 # small for the interpreter: two layers (the down projection folds the next layer's norm)
 SPEC = SynthSpec("llama", n_layers=2, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64,
                  ffn_dim=256, vocab=320, seed=4)  # fmt: skip
-BLOCK = 8
 PROMPT, STEPS = 2, 2
 
 
@@ -46,26 +43,13 @@ def _decode(path: Path, fold: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[np
     """(the logits of a prompt chunk and STEPS one-token steps, the rows of each add + RMSNorm
     launch that ran)."""
     monkeypatch.setattr(linear, "NORM_AHEAD", fold)
-    model = load_model(GGUFFile(path, cache_dir=path.parent), DEVICE, torch.bfloat16,
-                       cache_dequantized=False, ops="triton")  # fmt: skip
-    for m in model.modules():
-        packed = m.packed if isinstance(m, QuantLinear) else None
-        if packed is not None and not packed.rows32 and wants_rows(m.qtype):
-            m.packed = interleave(packed)
+    model = load_interleaved(path)
     launches: list[int] = []
     for layer in model.layers:
         real = layer.add_norm
         layer.add_norm = lambda x, *a, real=real: launches.append(x.shape[0]) or real(x, *a)
-    cfg = model.cfg
-    kv = KVPool(cfg.n_layers, 4, BLOCK, cfg.n_kv_heads, cfg.head_dim, torch.bfloat16, DEVICE)
     ids = [1] + np.random.default_rng(6).integers(3, SPEC.vocab, PROMPT + STEPS - 1).tolist()
-    table, out, start = [3, 1, 2, 0], [], 0
-    for n in [PROMPT] + [1] * STEPS:
-        batch = ForwardBatch.build([SeqChunk(ids[start : start + n], start, table, "all")],
-                                   BLOCK, DEVICE)  # fmt: skip
-        out.append(model(batch, kv).float().cpu().numpy())
-        start += n
-    return np.concatenate(out), launches
+    return decode_logits(model, ids, PROMPT), launches
 
 
 # Q8_0 natively only: two decodes of five minutes each under the interpreter

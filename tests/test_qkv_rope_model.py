@@ -17,14 +17,9 @@ import pytest
 import torch
 
 import shared.model.linear as linear
-from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
-from shared.kv import KVPool
-from shared.loader import GGUFFile
-from shared.model import ForwardBatch, SeqChunk, load_model
-from shared.model.linear import QuantLinear
+from tests.interleaved_model import DEVICE, decode_logits, load_interleaved
 from tools.synthetic_gguf import SynthSpec, synthetic
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
     reason="needs CUDA or TRITON_INTERPRET=1",
@@ -32,7 +27,6 @@ pytestmark = pytest.mark.skipif(
 # small for the interpreter (its int8 dot products dominate): one layer, K of one Q4_K chunk
 SPEC = SynthSpec("llama", n_layers=1, d_model=256, n_heads=4, n_kv_heads=2, head_dim=64,
                  ffn_dim=256, vocab=320, seed=3)  # fmt: skip
-BLOCK = 8
 PROMPT, STEPS = 2, 2
 
 
@@ -40,25 +34,12 @@ def _decode(path: Path, fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[n
     """(the logits of a prompt chunk and STEPS one-token steps, the token counts of the RoPE +
     KV-write launches that ran)."""
     monkeypatch.setattr(linear, "QKV_ROPE", fused)
-    model = load_model(GGUFFile(path, cache_dir=path.parent), DEVICE, torch.bfloat16,
-                       cache_dequantized=False, ops="triton")  # fmt: skip
-    for m in model.modules():
-        packed = m.packed if isinstance(m, QuantLinear) else None
-        if packed is not None and not packed.rows32 and wants_rows(m.qtype):
-            m.packed = interleave(packed)
+    model = load_interleaved(path)
     ops = model.layers[0].attn.ops
     launches, real = [], ops._rope_kv
     monkeypatch.setattr(ops, "_rope_kv", lambda q, *a: launches.append(q.shape[0]) or real(q, *a))
-    cfg = model.cfg
-    kv = KVPool(cfg.n_layers, 4, BLOCK, cfg.n_kv_heads, cfg.head_dim, torch.bfloat16, DEVICE)
     ids = [1] + np.random.default_rng(5).integers(3, SPEC.vocab, PROMPT + STEPS - 1).tolist()
-    table, out, start = [3, 1, 2, 0], [], 0
-    for n in [PROMPT] + [1] * STEPS:
-        batch = ForwardBatch.build([SeqChunk(ids[start : start + n], start, table, "all")],
-                                   BLOCK, DEVICE)  # fmt: skip
-        out.append(model(batch, kv).float().cpu().numpy())
-        start += n
-    return np.concatenate(out), launches
+    return decode_logits(model, ids, PROMPT), launches
 
 
 @pytest.mark.parametrize("ftype", ["Q4_K_M", "Q8_0"])

@@ -128,10 +128,10 @@ def rows_gemv_pair(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x @ unpack(a).T, x @ unpack(b).T) in x's dtype, [1, N_a] and [1, N_b], from x rounded
     for each weight's layout (five each: awaiting the norm's scale, ``norm_ahead``); cfg (A's
-    rows config): num_warps, PREFETCH and CACHE; splits
-    from ``pair_splits``. Both weights interleaved (``packed_rows``) of one K. rope: (the
-    ``QKVRope`` target, the fused Q/K/V row of A's row 0; B's rows follow A's): q rotated in
-    the outputs, k and v written to the cache (``qkv_rope``)."""
+    rows config): num_warps, PREFETCH and CACHE; splits from ``pair_splits``. Both weights
+    interleaved (``packed_rows``) of one K. rope: (the ``QKVRope`` target, the fused Q/K/V row
+    of A's row 0; B's rows follow A's): q rotated in the outputs, k and v written to the cache
+    (``qkv_rope``)."""
     if not (a.rows32 and b.rows32) or a.shape[1] != b.shape[1]:
         raise ValueError(f"rows_gemv_pair: interleaved weights of one K, got {a.shape} {b.shape}")
     chunks_a, chunks_b = a.shape[1] // CHUNK[a.qtype], b.shape[1] // CHUNK[b.qtype]
@@ -158,7 +158,6 @@ def rows_gemv_pair(
         PREFETCH=bool(cfg.get("PREFETCH")), PDL=early, INTERPRETED=interp,
         CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
         LATE_NEXT=late_next(rope is not None, a.qtype, b.qtype), NORM_BLOCK=norm[2],
-        num_warps=warps,
-        maxnreg=regs, **launch_kw(early),
+        num_warps=warps, maxnreg=regs, **launch_kw(early),
     )  # fmt: skip
     return out_a, out_b

@@ -263,8 +263,8 @@ def row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr
     (rounded here first with QX). Arguments as gemv_int8_rows_kernel's. NORM_BLOCK > 0: the
     activations are ``h * w`` rounded by the GEMV before (``norm_ahead``), whose row of norm_k
     the tile sums at sums_ptr give ``rstd``: loaded with the activations, the sums scaled by
-    it at the end. Returns (the row sums, with EARLY early_ptr's entries at rows below N as
-    float32, loaded with the activations; else the row sums again)."""
+    it at the end. EARLY: (the sums, early_ptr's entries at rows below N, loaded with the
+    activations, float32), else (the sums, the sums)."""
     acc = tl.zeros((ROWS, KW), dtype=tl.float32)
     if INTERPRETED:  # it cannot range() over tensor bounds with numpy >= 2.4 (triton#9171)
         if NORM_BLOCK > 0:

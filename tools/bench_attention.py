@@ -15,6 +15,10 @@ a tile, warps, pipeline stages) and split count (`--splits`), graph-replayed: wh
 attention over long contexts spends its time (BENCHMARKS.md (w): 59 us a layer at 32k for bf16
 and FP8 alike, about 2.7 us a key tile a program whatever the dtype).
 
+`--fold`: instead, batch-1 decode at W1's contexts, graph-replayed with the int8 rounding the
+engine asks for, with the combine launched and folded into the attention (tickets), and the
+registers and spills of the kernels compiled.
+
 `--chunks`: instead, W3's steps: a prompt chunk of 256/384/512 tokens over a 4k-28k prefix beside
 7 decodes at 2k keys, graph-replayed, by split count (auto: chunk_num_splits) and prefill tiles.
 
@@ -169,6 +173,27 @@ DECODE_TILES = {
 }  # fmt: skip
 
 
+def fold(args: argparse.Namespace) -> None:
+    """The split-K combine as a launch of its own against folded into the attention."""
+    import shared.kernels.paged_attention as pa
+
+    tickets = torch.zeros(4096, dtype=torch.int32, device="cuda")
+    print("batch-1 decode, graph-replayed: us per call, combine launched / folded")
+    for ctx in args.contexts:
+        kw = {"int8_layout": (32, 8)}
+        launched = run(args, [1], [ctx], graph=True, **kw)
+        folded = run(args, [1], [ctx], graph=True, tickets=tickets, **kw)
+        print(f"  ctx={ctx:5d}  launched {launched * 1e3:6.2f}  folded {folded * 1e3:6.2f}")
+    for kernel in (pa._paged_attention_kernel, pa._combine_splits_kernel):
+        for caches in getattr(kernel, "device_caches", {}).values():
+            for compiled in caches[0].values():
+                consts = getattr(compiled.src, "constants", {})
+                fold_on = any("FOLD" in str(k) and v for k, v in dict(consts).items())
+                print(f"  {kernel.fn.__name__}: regs {getattr(compiled, 'n_regs', '?')} spills "
+                      f"{getattr(compiled, 'n_spills', '?')} shared {compiled.metadata.shared} "
+                      f"fold {fold_on}")  # fmt: skip
+
+
 def decode_tiles(args: argparse.Namespace) -> None:
     """Decode batches by tile shape (DECODE_TILES; the first was the default before (y)) and
     split count, graph-replayed, in us per call and GB/s of KV read."""
@@ -215,6 +240,7 @@ def main() -> None:
     )
     p.add_argument("--chunks", action="store_true", help="W3's chunk steps (see above)")
     p.add_argument("--decode-tiles", action="store_true", help="decode tile shapes (see above)")
+    p.add_argument("--fold", action="store_true", help="the combine folded or not (see above)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA device")
@@ -224,6 +250,9 @@ def main() -> None:
         return
     if args.decode_tiles:
         decode_tiles(args)
+        return
+    if args.fold:
+        fold(args)
         return
     if args.splits:
         print("decode, graph-replayed: us per call by split count (auto: default_num_splits)")

@@ -29,6 +29,7 @@ registers and spills of the kernels compiled.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import torch
@@ -83,7 +84,12 @@ def kv_bytes(args: argparse.Namespace, keys: int) -> int:
 
 
 def run(
-    args: argparse.Namespace, q_lens: list[int], seq_lens: list[int], graph: bool = False, **kw
+    args: argparse.Namespace,
+    q_lens: list[int],
+    seq_lens: list[int],
+    graph: bool = False,
+    eager_once: bool = False,
+    **kw,
 ) -> float:
     """Milliseconds per call (triton.testing.do_bench; with `graph`, replays of 20 calls
     captured in a CUDA graph, as a decode step runs them)."""
@@ -107,6 +113,9 @@ def run(
             max_seq_len=max(seq_lens), out=out, **kw,
         )  # fmt: skip
 
+    if eager_once:  # one call (a probed one)
+        step()
+        return 0.0
     if not graph:
         return triton.testing.do_bench(step, warmup=25, rep=100)
     step()  # compile outside the capture
@@ -184,6 +193,8 @@ def fold(args: argparse.Namespace) -> None:
         launched = run(args, [1], [ctx], graph=True, **kw)
         folded = run(args, [1], [ctx], graph=True, tickets=tickets, **kw)
         print(f"  ctx={ctx:5d}  launched {launched * 1e3:6.2f}  folded {folded * 1e3:6.2f}")
+        for name, extra in (("launched", {}), ("folded", {"tickets": tickets})):
+            _probe_once(args, ctx, name, **kw, **extra)
     for kernel in (pa._paged_attention_kernel, pa._combine_splits_kernel):
         for caches in getattr(kernel, "device_caches", {}).values():
             for compiled in caches[0].values():
@@ -192,6 +203,28 @@ def fold(args: argparse.Namespace) -> None:
                 print(f"  {kernel.fn.__name__}: regs {getattr(compiled, 'n_regs', '?')} spills "
                       f"{getattr(compiled, 'n_spills', '?')} shared {compiled.metadata.shared} "
                       f"fold {fold_on}")  # fmt: skip
+
+
+def _probe_once(args: argparse.Namespace, ctx: int, name: str, **kw) -> None:
+    """One batch-1 launch with a probe buffer (shared.kernels.probe): the live attention
+    programs' walk and tail (from their keys walked to their end), in µs."""
+    from shared.kernels import probe
+
+    buf = probe.new_buffer(4096, "cuda")
+    run_once = functools.partial(run, args, [1], [ctx], probe=buf, **kw)
+    run_once(graph=False, eager_once=True)
+    torch.cuda.synchronize()
+    rec = probe.records(buf)
+    live = rec[rec[:, 13] == 1].double()
+    w0 = float(rec[:, 1].min())
+    walk = (live[:, 2] - live[:, 1]) / 1e3
+    tail = (live[:, 3] - live[:, 2]) / 1e3
+    comb = rec[rec[:, 13] == 2].double()
+    end = float(max(live[:, 3].max(), comb[:, 3].max() if comb.shape[0] else 0))
+    last = (end - w0) / 1e3
+    print(f"    {name}: {live.shape[0]} live programs; walk median {walk.median():.2f} max "
+          f"{walk.max():.2f}; tail median {tail.median():.2f} max {tail.max():.2f}; last "
+          f"end {last:.2f} after the first wait; {comb.shape[0]} combine programs")  # fmt: skip
 
 
 def decode_tiles(args: argparse.Namespace) -> None:

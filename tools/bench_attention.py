@@ -193,6 +193,8 @@ def fold(args: argparse.Namespace) -> None:
         launched = run(args, [1], [ctx], graph=True, **kw)
         folded = run(args, [1], [ctx], graph=True, tickets=tickets, **kw)
         print(f"  ctx={ctx:5d}  launched {launched * 1e3:6.2f}  folded {folded * 1e3:6.2f}")
+        bare = run(args, [1], [ctx], graph=True, tickets=tickets)
+        print(f"  ctx={ctx:5d}  folded without the rounding {bare * 1e3:6.2f}")
         for name, extra in (("launched", {}), ("folded", {"tickets": tickets})):
             _probe_once(args, ctx, name, **kw, **extra)
     for kernel in (pa._paged_attention_kernel, pa._combine_splits_kernel):

@@ -313,7 +313,6 @@ def paged_attention(
         probe_ptr=probe,
         FOLD=fold,
         tickets_ptr=tickets if fold else None,
-        GROUP_P=triton.next_power_of_2(group),
         SPLITS_P=triton.next_power_of_2(num_splits),
         ROUND=fold and bool(rounded),
         xq_ptr=bufs[0],

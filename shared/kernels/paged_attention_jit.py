@@ -226,7 +226,6 @@ def _paged_attention_kernel(
     probe_ptr=None,
     FOLD: tl.constexpr = False,  # decode: the last slice combines (paged_attention_combine)
     tickets_ptr=None,  # [grid 0 x n_kv_heads] int32, zero between launches (FOLD)
-    GROUP_P: tl.constexpr = 1,  # GROUP rounded up to a power of two (FOLD)
     SPLITS_P: tl.constexpr = 1,  # num_splits rounded up to a power of two (FOLD)
     ROUND: tl.constexpr = False,  # FOLD, one token: the output rounded to int8 in (W, G)
     xq_ptr=None,
@@ -380,7 +379,7 @@ def _paged_attention_kernel(
                 out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, tickets_ptr, n_splits,
                 q_begin.to(tl.int64), kv_head, stride_o_t, stride_o_h, stride_pa_s,
                 stride_pa_t, stride_pa_h, stride_pm_s, stride_pm_t, stride_pm_h,
-                xq_ptr, xd_ptr, xs_ptr, HEAD_DIM, BLOCK_D, GROUP, GROUP_P, SPLITS_P,
+                xq_ptr, xd_ptr, xs_ptr, HEAD_DIM, BLOCK_D, GROUP, SPLITS_P,
                 INTERPRETED, ROUND, W, G,
             )  # fmt: skip
     else:

@@ -69,7 +69,6 @@ def _state() -> tuple:
         (norm._slice(1, 4096, ((32, 8),)), norm._launch_config(4096)),
         linear.NORM_AHEAD,
         norm_ahead.EARLY_LOADS,
-        pa._FOLD,
     )
 
 
@@ -128,7 +127,6 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "attn-64-w8": {22, 23},
         "norm-ahead-off": {28},
         "norm-early-off": {29},
-        "fold-off": {30},
     }
     with ExitStack() as stack:
         ab.enter_variant(stack, "attn-64")

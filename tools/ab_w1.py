@@ -276,7 +276,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "wide-64": (_off("shared.kernels.qmatmul.packed_matmul", "WIDE_MAXNREG", 64),),
     "norm-ahead-off": (_off("shared.model.linear", "NORM_AHEAD", False),),
     "norm-early-off": (_off("shared.kernels.qmatmul.norm_ahead", "EARLY_LOADS", False),),
-    "fold-off": (_off("shared.kernels.paged_attention", "_FOLD", False),),
     "one-seq-off": (_off("shared.kernels.paged_attention", "_ONE_SEQ", False),),
     "qkv-unfused": (
         lambda: _patched(

@@ -15,10 +15,6 @@ a tile, warps, pipeline stages) and split count (`--splits`), graph-replayed: wh
 attention over long contexts spends its time (BENCHMARKS.md (w): 59 us a layer at 32k for bf16
 and FP8 alike, about 2.7 us a key tile a program whatever the dtype).
 
-`--fold`: instead, batch-1 decode at W1's contexts, graph-replayed with the int8 rounding the
-engine asks for, with the combine launched and folded into the attention (tickets), and the
-registers and spills of the kernels compiled.
-
 `--chunks`: instead, W3's steps: a prompt chunk of 256/384/512 tokens over a 4k-28k prefix beside
 7 decodes at 2k keys, graph-replayed, by split count (auto: chunk_num_splits) and prefill tiles.
 
@@ -29,7 +25,6 @@ registers and spills of the kernels compiled.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 
 import torch
@@ -84,12 +79,7 @@ def kv_bytes(args: argparse.Namespace, keys: int) -> int:
 
 
 def run(
-    args: argparse.Namespace,
-    q_lens: list[int],
-    seq_lens: list[int],
-    graph: bool = False,
-    eager_once: bool = False,
-    **kw,
+    args: argparse.Namespace, q_lens: list[int], seq_lens: list[int], graph: bool = False, **kw
 ) -> float:
     """Milliseconds per call (triton.testing.do_bench; with `graph`, replays of 20 calls
     captured in a CUDA graph, as a decode step runs them)."""
@@ -113,9 +103,6 @@ def run(
             max_seq_len=max(seq_lens), out=out, **kw,
         )  # fmt: skip
 
-    if eager_once:  # one call (a probed one)
-        step()
-        return 0.0
     if not graph:
         return triton.testing.do_bench(step, warmup=25, rep=100)
     step()  # compile outside the capture
@@ -182,53 +169,6 @@ DECODE_TILES = {
 }  # fmt: skip
 
 
-def fold(args: argparse.Namespace) -> None:
-    """The split-K combine as a launch of its own against folded into the attention."""
-    import shared.kernels.paged_attention as pa
-
-    tickets = torch.zeros(4096, dtype=torch.int32, device="cuda")
-    print("batch-1 decode, graph-replayed: us per call, combine launched / folded")
-    for ctx in args.contexts:
-        kw = {"int8_layout": (32, 8)}
-        launched = run(args, [1], [ctx], graph=True, **kw)
-        folded = run(args, [1], [ctx], graph=True, tickets=tickets, **kw)
-        print(f"  ctx={ctx:5d}  launched {launched * 1e3:6.2f}  folded {folded * 1e3:6.2f}")
-        bare = run(args, [1], [ctx], graph=True, tickets=tickets)
-        print(f"  ctx={ctx:5d}  folded without the rounding {bare * 1e3:6.2f}")
-        for name, extra in (("launched", {}), ("folded", {"tickets": tickets})):
-            _probe_once(args, ctx, name, **kw, **extra)
-    for kernel in (pa._paged_attention_kernel, pa._combine_splits_kernel):
-        for caches in getattr(kernel, "device_caches", {}).values():
-            for compiled in caches[0].values():
-                consts = getattr(compiled.src, "constants", {})
-                fold_on = any("FOLD" in str(k) and v for k, v in dict(consts).items())
-                print(f"  {kernel.fn.__name__}: regs {getattr(compiled, 'n_regs', '?')} spills "
-                      f"{getattr(compiled, 'n_spills', '?')} shared {compiled.metadata.shared} "
-                      f"fold {fold_on}")  # fmt: skip
-
-
-def _probe_once(args: argparse.Namespace, ctx: int, name: str, **kw) -> None:
-    """One batch-1 launch with a probe buffer (shared.kernels.probe): the live attention
-    programs' walk and tail (from their keys walked to their end), in µs."""
-    from shared.kernels import probe
-
-    buf = probe.new_buffer(4096, "cuda")
-    run_once = functools.partial(run, args, [1], [ctx], probe=buf, **kw)
-    run_once(graph=False, eager_once=True)
-    torch.cuda.synchronize()
-    rec = probe.records(buf)
-    live = rec[rec[:, 13] == 1].double()
-    w0 = float(rec[:, 1].min())
-    walk = (live[:, 2] - live[:, 1]) / 1e3
-    tail = (live[:, 3] - live[:, 2]) / 1e3
-    comb = rec[rec[:, 13] == 2].double()
-    end = float(max(live[:, 3].max(), comb[:, 3].max() if comb.shape[0] else 0))
-    last = (end - w0) / 1e3
-    print(f"    {name}: {live.shape[0]} live programs; walk median {walk.median():.2f} max "
-          f"{walk.max():.2f}; tail median {tail.median():.2f} max {tail.max():.2f}; last "
-          f"end {last:.2f} after the first wait; {comb.shape[0]} combine programs")  # fmt: skip
-
-
 def decode_tiles(args: argparse.Namespace) -> None:
     """Decode batches by tile shape (DECODE_TILES; the first was the default before (y)) and
     split count, graph-replayed, in us per call and GB/s of KV read."""
@@ -275,7 +215,6 @@ def main() -> None:
     )
     p.add_argument("--chunks", action="store_true", help="W3's chunk steps (see above)")
     p.add_argument("--decode-tiles", action="store_true", help="decode tile shapes (see above)")
-    p.add_argument("--fold", action="store_true", help="the combine folded or not (see above)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA device")
@@ -285,9 +224,6 @@ def main() -> None:
         return
     if args.decode_tiles:
         decode_tiles(args)
-        return
-    if args.fold:
-        fold(args)
         return
     if args.splits:
         print("decode, graph-replayed: us per call by split count (auto: default_num_splits)")

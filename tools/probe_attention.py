@@ -52,9 +52,7 @@ def launches(rec: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
 
 def layers(rec: torch.Tensor, grid: int) -> list[dict[str, float]]:
     """Per decode layer (an attention launch of `grid` programs and the combine after it), the
-    times in µs from w0, the attention's first wait_prev return. Layers whose attention
-    combined its own slices (paged_attention: tickets) have no combine launch and are not
-    found: probe them with the variant fold-off."""
+    times in µs from w0, the attention's first wait_prev return."""
     ls = launches(rec)
     found = []
     for (kind, a), (kind2, c) in zip(ls, ls[1:], strict=False):
@@ -162,8 +160,6 @@ def main(argv: list[str] | None = None) -> int:
             if found := layers(rec, grid):
                 print(f"attention grid {grid}:")
                 print(table(found), flush=True)
-        if not (rec[:, KIND] == 2).any():
-            print("no combine launches (the attention combined its slices): use fold-off")
         if a.keep:
             a.keep.mkdir(parents=True, exist_ok=True)
             torch.save(rec[-8 * 32 * (max(grids) + 32) :].clone(), a.keep / f"{variant}.pt")

@@ -11,9 +11,7 @@ of that head's GQA group, so each K/V tile is loaded once for the whole group. I
 tiles of TILE_N through the block table with an online softmax, from the first tile the sliding
 window can reach to the last the causal mask allows; whole tiles outside are never visited, partial
 ones are masked. With split-K the tile range is cut into `num_splits` slices, one per program,
-whose partial (max, sum, acc) go to a float32 workspace that a second kernel combines, or, for a
-decode batch given ticket counters, the last slice of each sequence's KV head
-(`paged_attention_combine`).
+whose partial (max, sum, acc) go to a float32 workspace that a second kernel combines.
 """
 
 from __future__ import annotations
@@ -64,9 +62,6 @@ _PREFETCH = True
 # of the program's sequence, blocks and first keys start one memory round trip sooner. H200,
 # W1 Q4_K_M, two rounds in one process (BENCHMARKS.md 2026-12-02 (al)): +0.3 % and +0.8 %
 _ONE_SEQ = True
-# a decode batch over split-K slices, given ticket counters, combines in the attention launch
-# (paged_attention_combine.fold_splits) instead of a launch of its own
-_FOLD = True
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -178,7 +173,6 @@ def paged_attention(
     num_splits_t: torch.Tensor | None = None,  # [1] int32 on q.device, <= num_splits
     int8_layout: tuple[int, int] | None = None,  # (W, G): also return out rounded to int8
     probe: torch.Tensor | None = None,  # a buffer of shared.kernels.probe: records a program
-    tickets: torch.Tensor | None = None,  # int32 counters on q.device, zero between launches
 ) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """Attention of q over the paged cache; returns [T, n_heads, head_dim] in q.dtype.
 
@@ -199,12 +193,6 @@ def paged_attention(
 
     With probe (`shared.kernels.probe.new_buffer`, a CUDA device only): every program of both
     kernels appends a record of when it started, passed wait_prev and finished.
-
-    With tickets (int32, zero, kept by the caller for its launches on one stream): a decode
-    batch (max_query_len 1) over split-K slices is combined by the last slice of each
-    sequence's KV head, in the attention launch, when the tickets number at least
-    2 * num_seqs * n_kv_heads; the counters are zero again when the launch ends. Else (or with
-    _FOLD off) the combine is a launch of its own.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -275,13 +263,6 @@ def paged_attention(
     block_q = tiles.block_m // group
     grid = (n_tokens // block_q + num_seqs, n_kv_heads, num_splits)
     early = pdl(q.device, _paged_attention_kernel)
-    rounded = {}
-    w, g = int8_layout or (32, 8)  # (any layout: the kernels round nothing without ROUND)
-    one_row = num_splits > 1 and not dynamic and n_tokens == 1
-    if int8_layout and one_row and _rounds_heads(head_dim, w):
-        rounded = {int8_layout: int8_buffers_for(n_heads * head_dim, w, g, q.device)}
-    bufs = rounded[int8_layout] if rounded else (out,) * 3
-    fold = _folds(tickets, q.device, num_splits, max_query_len, grid)
     _paged_attention_kernel[grid](
         out, part_acc, part_m, part_l,
         q, k_cache, v_cache, ks, vs,
@@ -311,20 +292,16 @@ def paged_attention(
         ONE_SEQ=_ONE_SEQ,
         PROBE=probe is not None,
         probe_ptr=probe,
-        FOLD=fold,
-        tickets_ptr=tickets if fold else None,
-        SPLITS_P=triton.next_power_of_2(num_splits),
-        ROUND=fold and bool(rounded),
-        xq_ptr=bufs[0],
-        xd_ptr=bufs[1],
-        xs_ptr=bufs[2],
-        W=w,
-        G=g,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),
     )  # fmt: skip
-    if num_splits > 1 and not fold:
+    rounded = {}
+    if num_splits > 1:
+        w, g = int8_layout or (32, 8)  # (any layout: the kernel rounds nothing without ROUND)
+        if int8_layout and not dynamic and n_tokens == 1 and _rounds_heads(head_dim, w):
+            rounded = {int8_layout: int8_buffers_for(n_heads * head_dim, w, g, q.device)}
+        bufs = rounded[int8_layout] if rounded else (out,) * 3
         _combine_splits_kernel[(n_tokens, n_heads)](
             out, part_acc, part_m, part_l, num_splits, splits_t,
             out.stride(0), out.stride(1), *part_acc.stride()[:3], *part_m.stride()[:3], *bufs,
@@ -342,19 +319,6 @@ def paged_attention(
             **launch_kw(early),
         )  # fmt: skip
     return out if int8_layout is None else (out, rounded)
-
-
-def _folds(
-    tickets: torch.Tensor | None, device: torch.device, splits: int, max_query_len: int, grid
-) -> bool:
-    """Whether the attention launch combines its own slices (see paged_attention: tickets)."""
-    if tickets is None or not _FOLD or splits <= 1 or max_query_len > 1:
-        return False
-    _check(
-        tickets.dtype == torch.int32 and tickets.device == device and tickets.is_contiguous(),
-        f"tickets must be contiguous int32 on {device}, got {tickets.dtype} on {tickets.device}",
-    )
-    return tickets.numel() >= grid[0] * grid[1]
 
 
 def _rounds_heads(head_dim: int, w: int) -> bool:

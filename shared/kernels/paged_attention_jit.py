@@ -9,7 +9,6 @@ import triton.language as tl
 
 from shared.kernels import probe
 from shared.kernels.gdc import launch_next, wait_prev
-from shared.kernels.paged_attention_combine import fold_splits
 from shared.kernels.rounding import FP16_MAX, fp16_range, to_dtype
 
 # per-token FP8 scales: the probabilities are multiplied by V's scale times this (see _attend_tile)
@@ -224,15 +223,6 @@ def _paged_attention_kernel(
     ONE_SEQ: tl.constexpr = False,  # one sequence found without _find_seq's load
     PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
     probe_ptr=None,
-    FOLD: tl.constexpr = False,  # decode: the last slice combines (paged_attention_combine)
-    tickets_ptr=None,  # [grid 0 x n_kv_heads] int32, zero between launches (FOLD)
-    SPLITS_P: tl.constexpr = 1,  # num_splits rounded up to a power of two (FOLD)
-    ROUND: tl.constexpr = False,  # FOLD, one token: the output rounded to int8 in (W, G)
-    xq_ptr=None,
-    xd_ptr=None,
-    xs_ptr=None,
-    W: tl.constexpr = 32,
-    G: tl.constexpr = 8,
 ):
     if PROBE:
         g0, c0 = probe.now(0)
@@ -374,14 +364,6 @@ def _paged_attention_kernel(
         pm_off = split * stride_pm_s + token * stride_pm_t + head * stride_pm_h
         tl.store(part_m_ptr + pm_off, m_i, mask=row_ok)
         tl.store(part_l_ptr + pm_off, l_i, mask=row_ok)
-        if FOLD:  # one token a program (decode): the sequence's, at q_begin
-            fold_splits(
-                out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, tickets_ptr, n_splits,
-                q_begin.to(tl.int64), kv_head, stride_o_t, stride_o_h, stride_pa_s,
-                stride_pa_t, stride_pa_h, stride_pm_s, stride_pm_t, stride_pm_h,
-                xq_ptr, xd_ptr, xs_ptr, HEAD_DIM, BLOCK_D, GROUP, SPLITS_P,
-                INTERPRETED, ROUND, W, G,
-            )  # fmt: skip
     else:
         o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_o_t + head[:, None] * stride_o_h + d[None, :]

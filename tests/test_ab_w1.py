@@ -65,7 +65,7 @@ def _state() -> tuple:
         ),
         (rows.pdl, pair.pdl),
         norm._LOADS_FIRST,
-        tuple(rows.late_next(r, *t) for r in (True, False) for t in ((8,), (12,), (12, 14))),
+        tuple(rows.late_next(r, *t) for r in (True, False) for t in ((8,), (12,), (12, 14), (14,))),
         (norm._slice(1, 4096, ((32, 8),)), norm._launch_config(4096)),
         linear.NORM_AHEAD,
         norm_ahead.EARLY_LOADS,
@@ -117,6 +117,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "gemv-late-next": {26},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
+        "qkv-late-q8": {26},
         "qkv-late-off": {26},
         "norm-slice-256": {27},
         "norm-slice-1024": {27},
@@ -145,19 +146,21 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         with ExitStack() as stack:
             ab.enter_variant(stack, name)
             assert hint == rows.DEFAULT_CACHE
-    assert before[26] == (True, False, False, False, False, False)  # Q8_0's Q/K/V only
+    # Q8_0's, Q4_K's and Q4_K + Q6_K's Q/K/V; not Q6_K's, nor any launch without RoPE
+    assert before[26] == (True, True, True, False) + (False,) * 4
     variants = (
-        ("qkv-late-q4k", (False, True, False)),
-        ("qkv-late-pair", (False, False, True)),
-        ("qkv-late-off", (False,) * 3),
+        ("qkv-late-q4k", (False, True, False, False)),
+        ("qkv-late-pair", (False, False, True, False)),
+        ("qkv-late-q8", (True, False, False, False)),
+        ("qkv-late-off", (False,) * 4),
     )
     for name, late in variants:
         with ExitStack() as stack:
             ab.enter_variant(stack, name)
-            assert _state()[26][:3] == late
+            assert _state()[26][:4] == late
     with ExitStack() as stack:  # "a+b": both
         ab.enter_variant(stack, "qkv-late-next+norm-slice-256")
-        assert _state()[26] == (True, True, True, False, False, False)
+        assert _state()[26] == (True,) * 4 + (False,) * 4
         assert _state()[27][0] == (256, 16)
     assert _state() == before
     for name in ("nope", "qkv-late-next+nope"):

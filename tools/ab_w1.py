@@ -239,6 +239,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "qkv-late-next": (_late_every_rope,),
     "qkv-late-q4k": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset({(12,)})),),  # Q4_K
     "qkv-late-pair": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset({(12, 14)})),),  # Q4_K + Q6_K
+    "qkv-late-q8": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset({(8,)})),),  # before (ap)
     "qkv-late-off": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset()),),
     "gemv-late-next": (_off("shared.kernels.qmatmul.packed_int8_rows", "LATE_NEXT", True),),
     "norm-slice-256": (_off("shared.kernels.norm", "_SLICE", 256),),

@@ -38,7 +38,7 @@ from shared.kernels.qmatmul.norm_ahead import (
     row_slice,
     sums_block,
 )
-from shared.kernels.qmatmul.packed_chunk import Q8_0
+from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch, scale_pair
@@ -90,9 +90,11 @@ DEFAULT_CACHE = 1
 # attention) whose weights' types are one of these tuples (one type, or a pair launch's two).
 # H200, W1, two rounds a call (2026-12-02 (an)): Q8_0 +1.7 / +1.6 % and +1.5 / +1.9 %; Q4_K_M
 # with every launch late -0.5 / -0.5 % and -0.7 / -0.8 %, its Q4_K launches alone -1.2 / -0.9
-# %, so Q8_0 only. LATE_NEXT: every rows and pair launch (Q4_K_M -3.7 %, Q6_K -3.3 %, Q8_0
-# +0.5 %: off).
-LATE_NEXT_ROPE = frozenset({(int(Q8_0),)})
+# %, so Q8_0 only then. Once the norms folded into the GEMVs (norm_ahead), Q4_K_M's Q4_K and
+# Q4_K + Q6_K launches late too won: +1.2 / +1.6 % (2026-12-03 (ap); its Q4_K ones alone
+# +0.3 / +0.5 %). Other types keep the early call (not measured). LATE_NEXT: every rows and
+# pair launch (Q4_K_M -3.7 % in (an) and -6.0 / -5.8 % in (ap), Q6_K -3.3 %, Q8_0 +0.5 %: off).
+LATE_NEXT_ROPE = frozenset({(int(Q8_0),), (int(Q4_K),), (int(Q4_K), int(Q6_K))})
 LATE_NEXT = False
 
 

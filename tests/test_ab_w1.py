@@ -17,6 +17,7 @@ import shared.kernels.qmatmul.norm_ahead as norm_ahead
 import shared.kernels.qmatmul.packed_int8_pair as pair
 import shared.kernels.qmatmul.packed_int8_rows as rows
 import shared.kernels.qmatmul.packed_int8_rows_batch as rows_batch
+import shared.kernels.qmatmul.packed_int8_rows_policy as policy
 import shared.kernels.rope_kv as rope_kv
 import shared.model.batch as batch
 import shared.model.linear as linear
@@ -39,7 +40,7 @@ def _state() -> tuple:
             pa.decode_tile_keys(128, torch.bfloat16, 1 << 15),
             graphs.decode_tile_keys(128, torch.bfloat16, 1 << 15),
         ),
-        rows.DEFAULT_CACHE,
+        policy.DEFAULT_CACHE,
         rope_kv._MIN_PROGRAMS,
         sampler.argmax_rows,
         batch.to_device_packed,
@@ -65,7 +66,9 @@ def _state() -> tuple:
         ),
         (rows.pdl, pair.pdl),
         norm._LOADS_FIRST,
-        tuple(rows.late_next(r, *t) for r in (True, False) for t in ((8,), (12,), (12, 14), (14,))),
+        tuple(
+            policy.late_next(r, *t) for r in (True, False) for t in ((8,), (12,), (12, 14), (14,))
+        ),
         (norm._slice(1, 4096, ((32, 8),)), norm._launch_config(4096)),
         linear.NORM_AHEAD,
         norm_ahead.EARLY_LOADS,
@@ -145,7 +148,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
     for name, hint in (("cache-0", 0), ("cache-3", 3)):
         with ExitStack() as stack:
             ab.enter_variant(stack, name)
-            assert hint == rows.DEFAULT_CACHE
+            assert hint == policy.DEFAULT_CACHE
     # Q8_0's, Q4_K's and Q4_K + Q6_K's Q/K/V; not Q6_K's, nor any launch without RoPE
     assert before[26] == (True, True, True, False) + (False,) * 4
     variants = (

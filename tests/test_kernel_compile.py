@@ -44,7 +44,7 @@ def test_packed_kernels_compile_for_sm90() -> None:
 _LATE_NEXT = """
 import json
 from gguf import GGMLQuantizationType as T
-from shared.kernels.qmatmul import packed_int8_rows as rows
+from shared.kernels.qmatmul import packed_int8_rows_policy as policy
 from tools.compile_launches import compile_pair
 from tools.kernel_sass import compile_kernel
 
@@ -56,18 +56,18 @@ def places(ptx):
 
 out = {}
 for late in (False, True):
-    rows.LATE_NEXT_ROPE = frozenset({(int(T.Q4_K),)} if late else ())
+    policy.LATE_NEXT_ROPE = frozenset({(int(T.Q4_K),)} if late else ())
     out[f"rope-{late}"] = places(compile_kernel("gemv-r8r", T.Q4_K).asm["ptx"])
-    rows.LATE_NEXT = late
+    policy.LATE_NEXT = late
     out[f"pair-{late}"] = places(compile_pair((T.Q4_K, T.Q6_K)).asm["ptx"])
 print(json.dumps(out))
 """
 
 
 def test_late_next_moves_the_dependents_launch_after_the_weight_loop() -> None:
-    """``packed_int8_rows.late_next``: the Q/K/V rows GEMV with the RoPE epilogue and the pair
-    launch let the next kernel's programs be placed first thing by default, and with the flag
-    only after their weight loads (sm_90 PTX), still once a program."""
+    """``packed_int8_rows_policy.late_next``: the Q/K/V rows GEMV with the RoPE epilogue and
+    the pair launch let the next kernel's programs be placed first thing by default, and with
+    the flag only after their weight loads (sm_90 PTX), still once a program."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real compiles
     done = subprocess.run(
         [sys.executable, "-c", _LATE_NEXT], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -47,10 +47,10 @@ tiles, not 32: ``attention_plan.SHORT_DECODE_KEYS``'s rule off, as before (am));
 ends, no weights requested early: a diagnosis); ``norm-loads-off`` (the RMSNorm's loads in
 three dependent round trips, as before (an): ``norm._LOADS_FIRST`` off); ``qkv-late-next``
 (the Q/K/V launches with the RoPE epilogue of every type let the attention's programs be placed
-after their weight loop, not first: ``packed_int8_rows.LATE_NEXT_ROPE``, Q8_0's by default),
-``qkv-late-q4k`` (Q4_K's only: not the Q4_K + Q6_K pairs), ``qkv-late-pair`` (those pairs
-only), ``qkv-late-off`` (none); ``gemv-late-next`` (every rows and pair launch so:
-``packed_int8_rows.LATE_NEXT``);
+after their weight loop, not first: ``packed_int8_rows_policy.LATE_NEXT_ROPE``; by default
+Q8_0's, Q4_K's and the Q4_K + Q6_K pairs'), ``qkv-late-q4k`` (Q4_K's only), ``qkv-late-pair``
+(those pairs only), ``qkv-late-q8`` (Q8_0's only, the default before (ap)), ``qkv-late-off``
+(none); ``gemv-late-next`` (every rows and pair launch so: ``packed_int8_rows_policy.LATE_NEXT``);
 ``norm-slice-256``, ``norm-slice-1024`` (a decode row's RMSNorm in programs of 256 or 1,024
 columns, not 512: ``norm._SLICE``); ``norm-warps-4`` (the RMSNorm's programs of 4 warps, not 8);
 ``norm-ahead-off`` (batch 1's residual add + RMSNorm in launches of their own, not folded into
@@ -201,15 +201,15 @@ def _floor_splits(seqs: int, heads: int, max_kv_len: int, sms: int, tile_keys: i
     return default_num_splits(seqs, heads, max_kv_len // tile_keys * tile_keys, sms, tile_keys)
 
 
-_ROWS = "shared.kernels.qmatmul.packed_int8_rows"
+_POLICY = "shared.kernels.qmatmul.packed_int8_rows_policy"  # the rows launches' flags
 
 
 def _late_every_rope() -> object:
-    """packed_int8_rows.LATE_NEXT_ROPE set to every rows type and every pair of them."""
-    rows = importlib.import_module(_ROWS)
+    """packed_int8_rows_policy.LATE_NEXT_ROPE set to every rows type and every pair of them."""
+    rows = importlib.import_module("shared.kernels.qmatmul.packed_rows")
     every = [int(t) for t in rows.ROWS_TYPES]
     late = [(a,) for a in every] + [(a, b) for a in every for b in every]
-    return _patched(rows, "LATE_NEXT_ROPE", frozenset(late))
+    return _patched(importlib.import_module(_POLICY), "LATE_NEXT_ROPE", frozenset(late))
 
 
 def _norm_warps_4(n: int) -> tuple[int, int]:
@@ -229,19 +229,19 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "norm-whole": (_off("shared.kernels.norm", "_SLICED_ROWS", 0),),
     "combine-off": (_off("shared.kernels.paged_attention", "_rounds_heads", lambda h, w: False),),
     "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
-    "cache-0": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 0),),
-    "cache-3": (_off("shared.kernels.qmatmul.packed_int8_rows", "DEFAULT_CACHE", 3),),
+    "cache-0": (_off(_POLICY, "DEFAULT_CACHE", 0),),
+    "cache-3": (_off(_POLICY, "DEFAULT_CACHE", 3),),
     "attn-64": (lambda: _tile_rule(_tile_keys_64),),
     "attn-32": (_decode_tiles,),
     "attn-16": (lambda: _decode_tiles(16),),
     "short-tiles-off": (_short_tiles_off,),
     "norm-loads-off": (_off("shared.kernels.norm", "_LOADS_FIRST", False),),
     "qkv-late-next": (_late_every_rope,),
-    "qkv-late-q4k": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset({(12,)})),),  # Q4_K
-    "qkv-late-pair": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset({(12, 14)})),),  # Q4_K + Q6_K
-    "qkv-late-q8": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset({(8,)})),),  # before (ap)
-    "qkv-late-off": (_off(_ROWS, "LATE_NEXT_ROPE", frozenset()),),
-    "gemv-late-next": (_off("shared.kernels.qmatmul.packed_int8_rows", "LATE_NEXT", True),),
+    "qkv-late-q4k": (_off(_POLICY, "LATE_NEXT_ROPE", frozenset({(12,)})),),  # Q4_K
+    "qkv-late-pair": (_off(_POLICY, "LATE_NEXT_ROPE", frozenset({(12, 14)})),),  # Q4_K + Q6_K
+    "qkv-late-q8": (_off(_POLICY, "LATE_NEXT_ROPE", frozenset({(8,)})),),  # before (ap)
+    "qkv-late-off": (_off(_POLICY, "LATE_NEXT_ROPE", frozenset()),),
+    "gemv-late-next": (_off(_POLICY, "LATE_NEXT", True),),
     "norm-slice-256": (_off("shared.kernels.norm", "_SLICE", 256),),
     "norm-slice-1024": (_off("shared.kernels.norm", "_SLICE", 1024),),
     "norm-warps-4": (_off("shared.kernels.norm", "_launch_config", _norm_warps_4),),

@@ -19,7 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.packed import pack
-from shared.kernels.qmatmul.packed_int8_rows import CACHE_HINTS, DEFAULT_CACHE
+from shared.kernels.qmatmul.packed_int8_rows_policy import CACHE_HINTS, DEFAULT_CACHE
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from shared.kernels.qmatmul.packed_rows import interleave
 from shared.kernels.qmatmul.timing import cold_graph_ms, weight_copies
@@ -34,7 +34,8 @@ DEVICE = "cuda"
 ROWS_CONFIGS = [
     {"ROWS": 1, "INT8": 1, "num_warps": w, "PREFETCH": p, "QX": qx} for w, p, qx in ROWS_TILES
 ]
-# and the default tile with the weight loads' other cache hints (packed_int8_rows.CACHE_HINTS)
+# and the default tile with the weight loads' other cache hints
+# (packed_int8_rows_policy.CACHE_HINTS)
 ROWS_CONFIGS += [
     {"ROWS": 1, "INT8": 1, "num_warps": 4, "PREFETCH": 0, "QX": 0, "CACHE": c}
     for c in CACHE_HINTS

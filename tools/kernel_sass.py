@@ -56,6 +56,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
     mm = importlib.import_module("shared.kernels.qmatmul.packed_matmul")
     gm = importlib.import_module("shared.kernels.qmatmul.packed_gemm")
     dq = importlib.import_module("shared.kernels.qmatmul.packed_dequant")
+    policy = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_policy")
     n, k = pw.shape
     x = torch.empty(m, k, dtype=torch.bfloat16)
     sc = pw.sc if pw.sc is not None else pw.d
@@ -109,7 +110,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
             pos, cache = torch.zeros(1, dtype=torch.int64), torch.empty(8, dtype=torch.bfloat16)
             rope = (pos, pos, cache, cache, torch.empty(64), 0, 4096, 1024, 1.0, -0.3)
             consts |= {"ROPE": True, "HAS_FF": True}
-        consts["LATE_NEXT"] = ir.late_next(kind == "gemv-r8r", pw.qtype)
+        consts["LATE_NEXT"] = policy.late_next(kind == "gemv-r8r", pw.qtype)
         # r8n: its output plus the residual normed and rounded for two layouts (Q4_K's and
         # Q6_K's); r8p: its activations awaiting that norm's scale (norm_ahead)
         h = torch.empty(n, dtype=torch.bfloat16)
@@ -129,7 +130,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
         # (the default; r8r too) and r8s (scales too), .cg for r8c
         hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3, "gemv-r8r": 1}.get(kind, 0)
-        consts["CM"], consts["EP"], consts["SEP"] = ir.CACHE_HINTS[hint]
+        consts["CM"], consts["EP"], consts["SEP"] = policy.CACHE_HINTS[hint]
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemv-rb":  # M activation rows in one program (packed_int8_rows_batch)
         rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
@@ -139,7 +140,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [xq, xd, xd, *_planes(pw), out, part, pw.tickets, m, n, chunks, chunks // 2]
         args += [*strides, xq.stride(0), xd.stride(0), out.stride(0)]
         consts = {**fields, "KW": 4, "SPLITS": 2, "MR": m, "ACT": act, "PDL": True}
-        consts["CM"], consts["EP"], consts["SEP"] = rb.cache_hints({})
+        consts["CM"], consts["EP"], consts["SEP"] = policy.cache_hints({})
         return rb.gemv_int8_rows_batch_kernel, args, consts
     if kind == "gemm-i8":  # int8 codes and activations on the tensor cores (packed_gemm8)
         g8 = importlib.import_module("shared.kernels.qmatmul.packed_gemm8")
@@ -209,7 +210,7 @@ def compile_kernel(kind: str, qtype: T, m: int = 16, arch: int = 90, num_warps: 
     src = ASTSource(fn, sig, constexprs=consts, attrs=attrs)
     options = {"num_warps": num_warps, "num_stages": 2}
     if kind.startswith("gemv-r8"):  # as launch_int8_rows launches it
-        from shared.kernels.qmatmul.packed_int8_rows import maxnreg
+        from shared.kernels.qmatmul.packed_int8_rows_policy import maxnreg
 
         options["maxnreg"] = maxnreg(qtype)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)

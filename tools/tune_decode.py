@@ -60,8 +60,8 @@ def coordinate_search(
 def rows_trials(default_split: int) -> list[dict]:
     """The default tile (4 warps, no prefetch or prologue rounding) at every split, then at the
     default split the same tile with QX, the other rows tiles, and the weight loads' cache hints
-    (CACHE: packed_int8_rows.CACHE_HINTS, other than the default)."""
-    from shared.kernels.qmatmul.packed_int8_rows import CACHE_HINTS, DEFAULT_CACHE
+    (CACHE: packed_int8_rows_policy.CACHE_HINTS, other than the default)."""
+    from shared.kernels.qmatmul.packed_int8_rows_policy import CACHE_HINTS, DEFAULT_CACHE
     from shared.kernels.qmatmul.tuning import ROWS_TILES
 
     tile = {"ROWS": 1, "INT8": 1, "num_warps": 4, "PREFETCH": 0, "QX": 0}

@@ -22,13 +22,8 @@ from shared.kernels.gdc import launch_kw, launch_next, pdl
 from shared.kernels.qmatmul.norm_ahead import sums_block
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import (
-    ROWS,
-    cache_hints,
-    late_next,
-    register_cap,
-    row_sums,
-)
+from shared.kernels.qmatmul.packed_int8_rows import ROWS, row_sums
+from shared.kernels.qmatmul.packed_int8_rows_policy import cache_hints, late_next, register_cap
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.qkv_rope import QKVRope, finish_qkv_rope, no_rope_args, qkv_angles
@@ -57,7 +52,7 @@ def gemv_int8_pair_kernel(
     planes, output, split-K partials and tickets, rows, chunks and chunks a split, strides.
     ROPE: A's rows are fused Q/K/V rows from row0 on, B's the n_a after them; their epilogue
     rotates q and k and writes k and v to the cache (``qkv_rope``). LATE_NEXT: launch_next
-    after the weight loop (``packed_int8_rows.late_next``). NORM_BLOCK > 0: both roundings
+    after the weight loop (``packed_int8_rows_policy.late_next``). NORM_BLOCK > 0: both roundings
     are ``h * w`` awaiting the norm's scale, from sums_ptr (``norm_ahead``)."""
     if not LATE_NEXT:
         launch_next(PDL)

@@ -26,8 +26,9 @@ from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
 from shared.kernels.qmatmul.int8_activations import prepare_int8
 from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, accumulate, cache_hints, unpack
+from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, accumulate, unpack
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch
+from shared.kernels.qmatmul.packed_int8_rows_policy import cache_hints
 from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.split_tickets import store_rows
 
@@ -202,7 +203,7 @@ def launch_int8_rows_batch(
 ) -> None:  # fmt: skip
     """out [M, N] (or [M, N / 2] with act) = x [M, K] @ unpack(pw).T by the batch rows GEMV;
     cfg: num_warps (chunks in flight), MR (activation rows a program, default all), SPLIT_K
-    (default ``batch_split``), CACHE (``packed_int8_rows.CACHE_HINTS``); int8: x's rows
+    (default ``batch_split``), CACHE (``packed_int8_rows_policy.CACHE_HINTS``); int8: x's rows
     rounded for pw's layout already ([M, K / 4], [M, K / W] twice, e.g. by the RMSNorm that
     made them: ``norm.add_rms_norm_int8``), else a launch rounds them."""
     if pw.qtype not in ROWS_TYPES or not pw.rows32:

@@ -72,6 +72,7 @@ def _state() -> tuple:
         (norm._slice(1, 4096, ((32, 8),)), norm._launch_config(4096)),
         linear.NORM_AHEAD,
         norm_ahead.EARLY_LOADS,
+        tuple(policy.late_next(False, 12, kind=k) for k in ("act", "norm", "")),
     )
 
 
@@ -117,7 +118,9 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "gemv-pdl-off": {24},
         "norm-loads-off": {25},
         "qkv-late-next": {26},
-        "gemv-late-next": {26},
+        "gemv-late-next": {26, 30},
+        "late-act": {30},
+        "late-norm": {30},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},

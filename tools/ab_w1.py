@@ -242,6 +242,8 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "qkv-late-q8": (_off(_POLICY, "LATE_NEXT_ROPE", frozenset({(8,)})),),  # before (ap)
     "qkv-late-off": (_off(_POLICY, "LATE_NEXT_ROPE", frozenset()),),
     "gemv-late-next": (_off(_POLICY, "LATE_NEXT", True),),
+    "late-act": (_off(_POLICY, "LATE_NEXT_KINDS", frozenset({"act"})),),
+    "late-norm": (_off(_POLICY, "LATE_NEXT_KINDS", frozenset({"norm"})),),
     "norm-slice-256": (_off("shared.kernels.norm", "_SLICE", 256),),
     "norm-slice-1024": (_off("shared.kernels.norm", "_SLICE", 1024),),
     "norm-warps-4": (_off("shared.kernels.norm", "_launch_config", _norm_warps_4),),

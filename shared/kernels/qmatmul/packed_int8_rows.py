@@ -360,9 +360,14 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        LATE_NEXT=late_next(rope is not None, pw.qtype), num_warps=warps,
-        maxnreg=register_cap(cfg, pw.qtype), **ends_kw, **launch_kw(early),
+        LATE_NEXT=late_next(rope is not None, pw.qtype, kind=_kind(act, norm_out)),
+        num_warps=warps, maxnreg=register_cap(cfg, pw.qtype), **ends_kw, **launch_kw(early),
     )  # fmt: skip
+
+
+def _kind(act, norm_out) -> str:
+    """The launch's kind as ``packed_int8_rows_policy.LATE_NEXT_KINDS`` names them."""
+    return "act" if act else "norm" if norm_out is not None else ""
 
 
 def epilogue_args(xq, int8, out_int8, norm_out, k: int) -> tuple[list, dict]:

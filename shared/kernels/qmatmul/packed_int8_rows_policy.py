@@ -11,6 +11,7 @@ __all__ = [
     "CACHE_HINTS",
     "DEFAULT_CACHE",
     "LATE_NEXT",
+    "LATE_NEXT_KINDS",
     "LATE_NEXT_ROPE",
     "cache_hints",
     "late_next",
@@ -46,13 +47,19 @@ DEFAULT_CACHE = 1
 # pair launch (Q4_K_M -3.7 % in (an) and -6.0 / -5.8 % in (ap), Q6_K -3.3 %, Q8_0 +0.5 %: off).
 LATE_NEXT_ROPE = frozenset({(int(Q8_0),), (int(Q4_K),), (int(Q4_K), int(Q6_K))})
 LATE_NEXT = False
+# LATE_NEXT_KINDS: the batch-1 rows launches late by what they end in: "act" (gate/up, the
+# gated rounding; the next kernel is the down projection), "norm" (the output and down
+# projections with the norm folded in, norm_ahead; next: gate/up or the next layer's Q/K/V).
+LATE_NEXT_KINDS: frozenset[str] = frozenset()
 
 
-def late_next(rope: bool, *qtypes: int) -> bool:
-    """Whether a rows or pair launch of weights of `qtypes` (with the RoPE epilogue or not)
-    calls ``launch_next`` after its weight loop (the flags read at the call, so that a patched
-    one reaches every launcher)."""
-    return LATE_NEXT or (rope and tuple(int(q) for q in qtypes) in LATE_NEXT_ROPE)
+def late_next(rope: bool, *qtypes: int, kind: str = "") -> bool:
+    """Whether a rows or pair launch of weights of `qtypes` (with the RoPE epilogue or not;
+    `kind` as LATE_NEXT_KINDS names it, "" for none) calls ``launch_next`` after its weight
+    loop (the flags read at the call, so that a patched one reaches every launcher)."""
+    if LATE_NEXT or kind in LATE_NEXT_KINDS:
+        return True
+    return rope and tuple(int(q) for q in qtypes) in LATE_NEXT_ROPE
 
 
 def cache_hints(cfg: dict) -> tuple[str, str, str]:

@@ -73,12 +73,14 @@ def _state() -> tuple:
         linear.NORM_AHEAD,
         norm_ahead.EARLY_LOADS,
         tuple(policy.late_next(False, 12, kind=k) for k in ("act", "norm", "")),
+        pa._KV_EVICT,
     )
 
 
 def test_variants_switch_one_thing_each_and_restore_it() -> None:
     before = _state()
     assert before[2] and before[3] and before[1] > 0
+    assert before[6] == 3  # evict-first weight words and scales
     changed = {}
     for name in ab.VARIANTS:
         with ExitStack() as stack:
@@ -96,7 +98,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "qkv-unfused": {4},
         "attn-64": {5, 23},
         "cache-0": {6},
-        "cache-3": {6},
+        "cache-1": {6},
         "rope-wide": {7},
         "argmax-torch": {8},
         "copies-apart": {9},
@@ -121,6 +123,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "gemv-late-next": {26, 30},
         "late-act": {30},
         "late-norm": {30},
+        "kv-last": {31},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},
@@ -148,7 +151,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
             ab.enter_variant(stack, name)
             assert pa._pick_tiles(1, 4, 128, torch.bfloat16, True, 640).num_warps == warps
             assert pa._pick_tiles(64, 4, 128).num_warps == 4  # prefill chunks keep theirs
-    for name, hint in (("cache-0", 0), ("cache-3", 3)):
+    for name, hint in (("cache-0", 0), ("cache-1", 1)):
         with ExitStack() as stack:
             ab.enter_variant(stack, name)
             assert hint == policy.DEFAULT_CACHE

@@ -15,9 +15,11 @@ in the RMSNorm, ``SKIFF_NORM_ROUNDING=0``); ``norm-whole`` (the rounding norm in
 rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each);
 ``attn-64`` (decode attention in 64-key tiles of 4 warps at every context, as before (y));
 ``cache-0`` (the rows GEMV's weight loads without the evict-first hint, as before (z));
-``cache-3`` (evict-first on the rows GEMV's scale loads too); ``rope-wide`` (RoPE + KV write in
-programs of 16 heads at every token count, as before (ab)); ``argmax-torch`` (greedy picks by
-torch.argmax); ``copies-apart`` (a step's inputs in one host->device copy each);
+``cache-1`` (evict-first on the rows GEMV's weight words only, the scale loads plain, as
+before (aq)); ``kv-last`` (the decode attention's K and V loads evict-last); ``rope-wide``
+(RoPE + KV write in programs of 16 heads at every token count, as before (ab));
+``argmax-torch`` (greedy picks by torch.argmax); ``copies-apart`` (a step's inputs in one
+host->device copy each);
 ``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
 ``pair-off`` (a Q/K/V of two types, Q4_K_M's q/k and v, in one launch a type, as before (ac));
 ``batch-rows-off`` (decode batches of 2-4 rows by the decode-batch GEMMs instead of the batch
@@ -230,7 +232,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "combine-off": (_off("shared.kernels.paged_attention", "_rounds_heads", lambda h, w: False),),
     "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
     "cache-0": (_off(_POLICY, "DEFAULT_CACHE", 0),),
-    "cache-3": (_off(_POLICY, "DEFAULT_CACHE", 3),),
+    "cache-1": (_off(_POLICY, "DEFAULT_CACHE", 1),),
     "attn-64": (lambda: _tile_rule(_tile_keys_64),),
     "attn-32": (_decode_tiles,),
     "attn-16": (lambda: _decode_tiles(16),),
@@ -259,6 +261,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "argmax-torch": (_off("shared.sampling.sampler", "argmax_rows", _torch_argmax),),
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
+    "kv-last": (_off("shared.kernels.paged_attention", "_KV_EVICT", "evict_last"),),
     "pair-off": (_off("shared.model.linear", "_PAIRED", False),),
     "batch-rows-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 1),),
     "batch-rows-8": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 8),),

@@ -62,6 +62,9 @@ _PREFETCH = True
 # of the program's sequence, blocks and first keys start one memory round trip sooner. H200,
 # W1 Q4_K_M, two rounds in one process (BENCHMARKS.md 2026-12-02 (al)): +0.3 % and +0.8 %
 _ONE_SEQ = True
+# the K and V loads' eviction policy ("": plain): whether a step's keys stay in L2 for the next
+# step while the weights stream through it evict-first (packed_int8_rows_policy.CACHE_HINTS)
+_KV_EVICT = ""
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -290,6 +293,7 @@ def paged_attention(
         PDL=early,
         PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
         ONE_SEQ=_ONE_SEQ,
+        KV_EP=_KV_EVICT,
         PROBE=probe is not None,
         probe_ptr=probe,
         num_warps=tiles.num_warps,

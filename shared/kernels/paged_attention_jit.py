@@ -47,16 +47,18 @@ def _fp8_e4m3_from_bytes(x):
 
 
 @triton.jit
-def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr, DTYPE: tl.constexpr):
-    """K or V values in DTYPE (the dot's; FP8 values are exact in fp16/bf16), 0 where masked."""
+def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr, DTYPE: tl.constexpr,
+             EP: tl.constexpr = ""):  # fmt: skip
+    """K or V values in DTYPE (the dot's; FP8 values are exact in fp16/bf16), 0 where masked;
+    EP: the loads' eviction policy."""
     if FP8_FROM_BYTES:  # `other` cannot be cast to fp8: zero the masked lanes after decoding
-        x = tl.load(ptrs, mask=mask)
+        x = tl.load(ptrs, mask=mask, eviction_policy=EP)
         x = tl.where(mask, _fp8_e4m3_from_bytes(x), 0.0).to(DTYPE)
     elif KV_FP8:  # the byte 0 is +0.0 in e4m3: load bytes with 0 as `other`, convert once
-        raw = tl.load(ptrs.to(tl.pointer_type(tl.uint8)), mask=mask, other=0)
+        raw = tl.load(ptrs.to(tl.pointer_type(tl.uint8)), mask=mask, other=0, eviction_policy=EP)
         x = raw.to(tl.float8e4nv, bitcast=True).to(DTYPE)
     else:
-        x = tl.load(ptrs, mask=mask, other=0.0)
+        x = tl.load(ptrs, mask=mask, other=0.0, eviction_policy=EP)
     return x
 
 
@@ -107,6 +109,7 @@ def _attend_tile(
     pre_k=0,  # [BLOCK_D, TILE_N] in the cache dtype, zero from lo_key on
     pre_v=0,  # [TILE_N, BLOCK_D]
     lo_key=0,
+    KV_EP: tl.constexpr = "",  # the K and V loads' eviction policy
 ):
     key = tile * TILE_N + tl.arange(0, TILE_N)
     key_ok = key < seq_len  # slots past the end may hold anything, NaN included: never load them
@@ -121,11 +124,15 @@ def _attend_tile(
     d_ok = d < HEAD_DIM
 
     k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
-    k = _load_kv(k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
+    k = _load_kv(
+        k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype, KV_EP
+    )
     v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
     if PRE:  # the step's own values too, before the dot: one memory round trip, not two
         k = tl.where(fresh[None, :], k, pre_k)
-        v = _load_kv(v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
+        v = _load_kv(
+            v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype, KV_EP
+        )
         v = tl.where(fresh[:, None], v, pre_v)
     # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
     s = _dot(q, k, None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
@@ -147,7 +154,7 @@ def _attend_tile(
 
     if not PRE:
         v_ok = key_ok[:, None] & d_ok[None, :]
-        v = _load_kv(v_ptr + v_off, v_ok, KV_FP8, FP8_FROM_BYTES, q.dtype)
+        v = _load_kv(v_ptr + v_off, v_ok, KV_FP8, FP8_FROM_BYTES, q.dtype, KV_EP)
     if TOKEN_SCALES:
         # V's per-token scale goes into the probabilities, p @ (v * s) = (p * s) @ v: one
         # multiply a score and one rounding, where scaling V took a multiply, a clamp and two
@@ -223,6 +230,7 @@ def _paged_attention_kernel(
     ONE_SEQ: tl.constexpr = False,  # one sequence found without _find_seq's load
     PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
     probe_ptr=None,
+    KV_EP: tl.constexpr = "",  # the K and V loads' eviction policy (paged_attention._KV_EVICT)
 ):
     if PROBE:
         g0, c0 = probe.now(0)
@@ -269,9 +277,11 @@ def _paged_attention_kernel(
         old = pkey_ok & (pkey < context)
         d_ok = d < HEAD_DIM
         pk_off = pre_block[None, :] * stride_k_b + pslot[None, :] * stride_k_t + d[:, None]
-        pre_k = tl.load(k_ptr + pk_off, mask=d_ok[:, None] & old[None, :], other=0.0)
+        pre_k = tl.load(k_ptr + pk_off, mask=d_ok[:, None] & old[None, :], other=0.0,
+                        eviction_policy=KV_EP)  # fmt: skip
         pv_off = pre_block[:, None] * stride_v_b + pslot[:, None] * stride_v_t + d[None, :]
-        pre_v = tl.load(v_ptr + pv_off, mask=old[:, None] & d_ok[None, :], other=0.0)
+        pre_v = tl.load(v_ptr + pv_off, mask=old[:, None] & d_ok[None, :], other=0.0,
+                        eviction_policy=KV_EP)  # fmt: skip
     wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
     if PROBE:
         g1, c1 = probe.now(0)
@@ -321,7 +331,7 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
-                True, pre_block, pre_k, pre_v, context,
+                True, pre_block, pre_k, pre_v, context, KV_EP=KV_EP,
             )  # fmt: skip
         tile_lo += 1
     if INTERPRETED:
@@ -335,6 +345,7 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
+                KV_EP=KV_EP,
             )  # fmt: skip
             tile += 1
     else:
@@ -346,6 +357,7 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
+                KV_EP=KV_EP,
             )  # fmt: skip
 
     if PROBE:  # the keys walked: read once the sums are

@@ -32,7 +32,8 @@ CACHE_HINTS = {
 # a config without CACHE: evict-first. H200 (BENCHMARKS.md 2026-12-01 (z)): no shape of Q4_K_M
 # lost with it beyond the noise (0.3 %) and ".cg" was never ahead (tools.tune_decode); W1 against
 # plain loads +4.2 % Q4_K_M, +1.7 % Q6_K and Q8_0; the scales evict-first too (3) within noise.
-DEFAULT_CACHE = 1
+# W1 Q4_K_M after the norm fold (2026-12-03 (aq), two rounds): 3 +1.3 / +1.4 % against 1.
+DEFAULT_CACHE = 3
 # When a launch lets the next kernel's programs be placed (``gdc.launch_next``): first thing
 # (the default), or after its weight loop, before its epilogue. The decode attention placed
 # while the Q/K/V GEMV runs sat on 52 of 132 SMs beside its programs and walked a tile in

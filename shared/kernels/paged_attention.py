@@ -63,7 +63,8 @@ _PREFETCH = True
 # W1 Q4_K_M, two rounds in one process (BENCHMARKS.md 2026-12-02 (al)): +0.3 % and +0.8 %
 _ONE_SEQ = True
 # the K and V loads' eviction policy ("": plain): whether a step's keys stay in L2 for the next
-# step while the weights stream through it evict-first (packed_int8_rows_policy.CACHE_HINTS)
+# step while the weights stream through it evict-first (packed_int8_rows_policy.CACHE_HINTS).
+# H200, W1 Q4_K_M, two rounds (BENCHMARKS.md 2026-12-03 (aq)): "evict_last" -0.4 / +0.1 %: plain
 _KV_EVICT = ""
 
 

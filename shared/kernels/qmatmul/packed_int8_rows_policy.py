@@ -29,10 +29,12 @@ CACHE_HINTS = {
     2: (".cg", "", ""),
     3: ("", "evict_first", "evict_first"),
 }
-# a config without CACHE: evict-first. H200 (BENCHMARKS.md 2026-12-01 (z)): no shape of Q4_K_M
-# lost with it beyond the noise (0.3 %) and ".cg" was never ahead (tools.tune_decode); W1 against
-# plain loads +4.2 % Q4_K_M, +1.7 % Q6_K and Q8_0; the scales evict-first too (3) within noise.
-# W1 Q4_K_M after the norm fold (2026-12-03 (aq), two rounds): 3 +1.3 / +1.4 % against 1.
+# a config without CACHE: evict-first, the weight words and the scale words. H200 (BENCHMARKS.md
+# 2026-12-01 (z)): no shape of Q4_K_M lost with evict-first words beyond the noise (0.3 %) and
+# ".cg" was never ahead (tools.tune_decode); W1 against plain loads +4.2 % Q4_K_M, +1.7 % Q6_K
+# and Q8_0; the scales evict-first too (3) within noise then. After the norm fold (2026-12-03
+# (aq), W1, two rounds a call): 3 against 1 Q4_K_M +1.3 / +1.4 % (call 1) and +1.4 / +1.3 %
+# (call 2), Q6_K -0.5 / -0.2 % (call 2; within-call spread up to 0.4 %), Q8_0 not A/B'd.
 DEFAULT_CACHE = 3
 # When a launch lets the next kernel's programs be placed (``gdc.launch_next``): first thing
 # (the default), or after its weight loop, before its epilogue. The decode attention placed

@@ -74,6 +74,7 @@ def _state() -> tuple:
         norm_ahead.EARLY_LOADS,
         tuple(policy.late_next(False, 12, kind=k) for k in ("act", "norm", "")),
         pa._KV_EVICT,
+        (policy.cache_hints({}, 14), policy.cache_hints({}, 12, 14)),
     )
 
 
@@ -97,8 +98,8 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "gated-off": {3},
         "qkv-unfused": {4},
         "attn-64": {5, 23},
-        "cache-0": {6},
-        "cache-1": {6},
+        "cache-0": {6, 32},
+        "cache-1": {6, 32},
         "rope-wide": {7},
         "argmax-torch": {8},
         "copies-apart": {9},
@@ -124,6 +125,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "late-act": {30},
         "late-norm": {30},
         "kv-last": {31},
+        "cache-q6k-1": {32},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},
@@ -186,3 +188,19 @@ def test_the_replaced_forms_compute_the_same() -> None:
     assert [t.dtype for t in apart] == [torch.int64, torch.int32]
     x = torch.tensor([[0.0, 2.0, 2.0], [3.0, -1.0, 0.5]])
     assert ab._torch_argmax(x).tolist() == [1, 0]
+
+
+def test_cache_hints_take_a_types_own_default_where_a_launchs_types_agree() -> None:
+    """``packed_int8_rows_policy.cache_hints``: a config's CACHE first, then the weight types'
+    common TYPE_CACHE entry (a pair launch of two types needs both to name the same), then
+    DEFAULT_CACHE."""
+    hints = policy.CACHE_HINTS
+    with ExitStack() as stack:
+        stack.enter_context(ab._patched(policy, "DEFAULT_CACHE", 3))
+        stack.enter_context(ab._patched(policy, "TYPE_CACHE", {14: 1, 8: 1}))
+        assert policy.cache_hints({}, 14) == hints[1]
+        assert policy.cache_hints({}, 12) == hints[3]
+        assert policy.cache_hints({}, 12, 14) == hints[3]  # Q4_K has none of its own
+        assert policy.cache_hints({}, 14, 8) == hints[1]  # both name 1
+        assert policy.cache_hints({"CACHE": 0}, 14) == hints[0]
+        assert policy.cache_hints({}) == hints[3]

@@ -16,7 +16,8 @@ rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each)
 ``attn-64`` (decode attention in 64-key tiles of 4 warps at every context, as before (y));
 ``cache-0`` (the rows GEMV's weight loads without the evict-first hint, as before (z));
 ``cache-1`` (evict-first on the rows GEMV's weight words only, the scale loads plain, as
-before (aq)); ``kv-last`` (the decode attention's K and V loads evict-last); ``rope-wide``
+before (aq)); ``cache-q6k-1`` (the same for Q6_K weights only); ``kv-last`` (the decode
+attention's K and V loads evict-last); ``rope-wide``
 (RoPE + KV write in programs of 16 heads at every token count, as before (ab));
 ``argmax-torch`` (greedy picks by torch.argmax); ``copies-apart`` (a step's inputs in one
 host->device copy each);
@@ -233,6 +234,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "gated-off": (_off("shared.model.linear", "rounds_gated", lambda n, w, g: False),),
     "cache-0": (_off(_POLICY, "DEFAULT_CACHE", 0),),
     "cache-1": (_off(_POLICY, "DEFAULT_CACHE", 1),),
+    "cache-q6k-1": (_off(_POLICY, "TYPE_CACHE", {14: 1}),),  # Q6_K's weights as before (aq)
     "attn-64": (lambda: _tile_rule(_tile_keys_64),),
     "attn-32": (_decode_tiles,),
     "attn-16": (lambda: _decode_tiles(16),),

@@ -135,7 +135,7 @@ def rows_gemv_pair(
     per_a, _, targets_a = split_targets(out_a, a, chunks_a, splits)  # pair_splits: both
     per_b, _, targets_b = split_targets(out_b, b, chunks_b, splits)  # take `splits` slices
     tiles_a, tiles_b = triton.cdiv(a.shape[0], _ROWS), triton.cdiv(b.shape[0], _ROWS)
-    cm, ep, sep = cache_hints(cfg)
+    cm, ep, sep = cache_hints(cfg, a.qtype, b.qtype)
     fa = {f"{k}_A": v for k, v in fields(a).items()}
     fb = {f"{k}_B": v for k, v in fields(b).items()}
     warps = cfg.get("num_warps", 4)

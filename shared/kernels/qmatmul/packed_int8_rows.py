@@ -351,7 +351,7 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     if norm_out is not None and (act or rope is not None):
         raise ValueError("launch_int8_rows: norm_out is for plain rows (no act or rope)")
     warps = cfg.get("num_warps", 4)
-    cm, ep, sep = cache_hints(cfg)
+    cm, ep, sep = cache_hints(cfg, pw.qtype)
     early = pdl(x.device, gemv_int8_rows_kernel)
     rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(targets[0])
     ends, ends_kw = epilogue_args(xq, int8, out_int8, norm_out, pw.shape[1])

@@ -223,7 +223,7 @@ def launch_int8_rows_batch(
         xq, xd, xs = int8
         if xq.shape != (m, pw.shape[1] // 4):
             raise ValueError(f"packed_matmul: int8 rows {tuple(xq.shape)} for x {tuple(x.shape)}")
-    cm, ep, sep = cache_hints(cfg)
+    cm, ep, sep = cache_hints(cfg, pw.qtype)
     early = pdl(x.device, gemv_int8_rows_batch_kernel)
 
     def launch(splits: int, warmup: bool = False):

@@ -13,6 +13,7 @@ __all__ = [
     "LATE_NEXT",
     "LATE_NEXT_KINDS",
     "LATE_NEXT_ROPE",
+    "TYPE_CACHE",
     "cache_hints",
     "late_next",
     "maxnreg",
@@ -36,6 +37,11 @@ CACHE_HINTS = {
 # (aq), W1, two rounds a call): 3 against 1 Q4_K_M +1.3 / +1.4 % (call 1) and +1.4 / +1.3 %
 # (call 2), Q6_K -0.5 / -0.2 % (call 2; within-call spread up to 0.4 %), Q8_0 not A/B'd.
 DEFAULT_CACHE = 3
+# TYPE_CACHE: a weight type's own default instead (a pair launch takes it where both of its
+# types name the same one). Empty: every type takes DEFAULT_CACHE. (aq) call 2: the Q6_K file
+# -0.5 / -0.2 % with 3 against 1, but Q4_K_M's file (Q6_K weights among its Q4_K) was measured
+# with every weight at 3 only: ab_w1's cache-q6k-1 for that.
+TYPE_CACHE: dict[int, int] = {}
 # When a launch lets the next kernel's programs be placed (``gdc.launch_next``): first thing
 # (the default), or after its weight loop, before its epilogue. The decode attention placed
 # while the Q/K/V GEMV runs sat on 52 of 132 SMs beside its programs and walked a tile in
@@ -65,10 +71,13 @@ def late_next(rope: bool, *qtypes: int, kind: str = "") -> bool:
     return rope and tuple(int(q) for q in qtypes) in LATE_NEXT_ROPE
 
 
-def cache_hints(cfg: dict) -> tuple[str, str, str]:
-    """(CM, EP, SEP) for a rows config: its CACHE key, else DEFAULT_CACHE (read at the call,
-    so that a patched default reaches every launcher)."""
-    return CACHE_HINTS[cfg.get("CACHE", DEFAULT_CACHE)]
+def cache_hints(cfg: dict, *qtypes: int) -> tuple[str, str, str]:
+    """(CM, EP, SEP) for a rows config of weights of `qtypes`: its CACHE key, else the types'
+    common TYPE_CACHE entry, else DEFAULT_CACHE (read at the call, so that a patched one
+    reaches every launcher)."""
+    own = {TYPE_CACHE.get(int(q)) for q in qtypes}
+    fallback = own.pop() if len(own) == 1 and None not in own else DEFAULT_CACHE
+    return CACHE_HINTS[cfg.get("CACHE", fallback)]
 
 
 def maxnreg(qtype: int) -> int | None:

@@ -54,10 +54,11 @@ case " $STAGES " in *" profile "*)
   timeout ${PROFILE_S:-100} bash tools/gpu_profile.sh ;;
 esac
 case " $STAGES " in *" step "*)  # where a batch-1 decode step's time goes; STEP_PDL="1 0": both
+  # (the load and graph captures under the profiler take most of it: 100 s printed nothing in (aq))
   # STEP_VARIANTS: tools.ab_w1 variants; with --timeline the trace is kept (step-*.json.gz)
   models 2>&1
   for t in ${STEP_TYPES:-$TYPES}; do for pdl in ${STEP_PDL:-1}; do for v in ${STEP_VARIANTS:-default}; do
-    SKIFF_PDL=$pdl timeout ${STEP_S:-120} python3 -m tools.profile_step /tmp/l3-$t.gguf \
+    SKIFF_PDL=$pdl timeout ${STEP_S:-240} python3 -m tools.profile_step /tmp/l3-$t.gguf \
       --concurrency 1 --steps 50 --rows ${STEP_ROWS:-25} --variant $v \
       --trace "$OUT/step-$t-pdl$pdl-$v.json.gz" ${STEP_ARGS:-} 2>&1 \
       | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step-$t-pdl$pdl-$v.txt"

@@ -54,6 +54,8 @@ after their weight loop, not first: ``packed_int8_rows_policy.LATE_NEXT_ROPE``; 
 Q8_0's, Q4_K's and the Q4_K + Q6_K pairs'), ``qkv-late-q4k`` (Q4_K's only), ``qkv-late-pair``
 (those pairs only), ``qkv-late-q8`` (Q8_0's only, the default before (ap)), ``qkv-late-off``
 (none); ``gemv-late-next`` (every rows and pair launch so: ``packed_int8_rows_policy.LATE_NEXT``);
+``late-act``, ``late-norm`` (the gate/up launch, or the output and down projections that fold
+the norm, so: ``LATE_NEXT_KINDS``);
 ``norm-slice-256``, ``norm-slice-1024`` (a decode row's RMSNorm in programs of 256 or 1,024
 columns, not 512: ``norm._SLICE``); ``norm-warps-4`` (the RMSNorm's programs of 4 warps, not 8);
 ``norm-ahead-off`` (batch 1's residual add + RMSNorm in launches of their own, not folded into

@@ -75,6 +75,7 @@ def _state() -> tuple:
         tuple(policy.late_next(False, 12, kind=k) for k in ("act", "norm", "")),
         pa._KV_EVICT,
         (policy.cache_hints({}, 14), policy.cache_hints({}, 12, 14)),
+        pa._SPIN,
     )
 
 
@@ -126,6 +127,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "late-norm": {30},
         "kv-last": {31},
         "cache-q6k-1": {32},
+        "spin": {33},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},

@@ -76,6 +76,7 @@ def _state() -> tuple:
         pa._KV_EVICT,
         (policy.cache_hints({}, 14), policy.cache_hints({}, 12, 14)),
         pa._SPIN,
+        graphs.STAGED,
     )
 
 
@@ -128,6 +129,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "kv-last": {31},
         "cache-q6k-1": {32},
         "spin": {33},
+        "stage-off": {34},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},

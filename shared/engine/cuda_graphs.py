@@ -30,10 +30,14 @@ from shared.kernels.attention_plan import (
     default_num_splits,
 )
 from shared.kernels.device import max_shared_memory, num_sms
+from shared.kernels.stage_inputs import stage_inputs
 from shared.kv import KVPool
 from shared.model import ForwardBatch
 from shared.model.causal_lm import CausalLM
 
+# a step's inputs go into the graph's buffers in one launch (stage_inputs), not 8-12 copies
+# and fills; off: the copies (tools/ab_w1 stage-off)
+STAGED = True
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # at most 50 % padding up to 128 tokens and 25 % from there (prefill is compute-bound above
 # ~200 rows: padding costs in proportion)
@@ -187,6 +191,7 @@ class StepGraphs:
             query_start_loc=[],
             seq_lens=[],
             logits_rows=rows,
+            all_rows=kind == "decode",  # row i is token i, padding included
             query_start_loc_t=self.query_start_loc[: seqs + 1],
             seq_lens_t=self.seq_lens[:seqs],
             max_query_len=1 if kind == "decode" else b,  # b > 1: prefill tiles
@@ -217,11 +222,9 @@ class StepGraphs:
             self.model(batch, self.kv)  # compiles the kernels outside the capture
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
+            self.outputs[key] = self.logits[: self._rows(*key[:2])]
             with torch.cuda.graph(graph, pool=self.pool):
-                out = self.model(batch, self.kv)
-                self.outputs[key] = self.logits[: out.shape[0]]
-                self.outputs[key].copy_(out)
-                del out  # its memory returns to the pool for the next capture
+                self.model(batch, self.kv, out=self.outputs[key])
             self.pool = graph.pool()
             self.graphs[key] = graph
         # A graph's first replay uploads it to the device. Each graph is replayed once here so
@@ -258,16 +261,63 @@ class StepGraphs:
     def fits(self, batch: ForwardBatch) -> bool:
         return self._key(batch) is not None
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor | None:
+    def stages(self, batch: ForwardBatch) -> bool:
+        """Whether run() replays this batch from staged inputs, filling in tokens in flight."""
+        return STAGED and self.fits(batch)
+
+    def run(
+        self, batch: ForwardBatch, fill: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor | None:
         """Logits [rows, vocab] for an eager-built batch, replayed from the graph that fits it;
-        None when none does (the caller runs the step eagerly)."""
+        None when none does (the caller runs the step eagerly). fill (stage_inputs'): tokens
+        in flight, taken from the previous step's output on the device (else the batch's own
+        ids are final)."""
         key = self._key(batch)
         if key is None:
             return None
         kind, b = key
-        n, seqs = batch.token_ids.shape[0], batch.seq_lens_t.shape[0]
+        seqs = batch.seq_lens_t.shape[0]
         rows = batch.logits_rows.shape[0]
         s_pad = b if kind == "decode" else self.max_seqs
+        if STAGED:
+            self._stage(batch, kind, b, s_pad, fill)
+        elif fill is not None:
+            raise ValueError("tokens in flight are filled in by the staged inputs only (stages)")
+        else:
+            self._copy(batch, kind, b, s_pad)
+        graph = (kind, b, None)
+        if kind == "decode":
+            want, keys = decode_rule(seqs, *self._attention(batch.max_seq_len))
+            graph = (kind, b, pick_decode_graph(self.decode_graphs[b], want, keys))
+        self.graphs[graph].replay()
+        self.replays[kind] += 1
+        self.last_key = key
+        return self.outputs[graph][:rows]
+
+    def _stage(self, batch: ForwardBatch, kind: str, b: int, s_pad: int, fill) -> None:
+        """The step's inputs into the graphs' buffers in one launch (stage_inputs)."""
+        src = {
+            "token_ids": batch.token_ids, "positions": batch.positions,
+            "slot_mapping": batch.slot_mapping, "block_tables": batch.block_tables,
+            "query_start_loc": batch.query_start_loc_t, "seq_lens": batch.seq_lens_t,
+            "logits_rows": batch.logits_rows,
+        }  # fmt: skip
+        dst = {
+            "token_ids": self.token_ids, "positions": self.positions,
+            "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
+            "query_start_loc": self.query_start_loc, "seq_lens": self.seq_lens,
+            "logits_rows": self.mixed_rows, "attn_splits": self.attn_splits,
+        }  # fmt: skip
+        mixed = kind == "mixed"
+        stage_inputs(
+            src, dst, b, s_pad, rows_pad=self._rows(kind, b) if mixed else 0,
+            splits=self._chunk_splits(batch, b) if mixed else 0, fill=fill,
+        )  # fmt: skip
+
+    def _copy(self, batch: ForwardBatch, kind: str, b: int, s_pad: int) -> None:
+        """The step's inputs into the graphs' buffers, a copy or fill each (STAGED off)."""
+        n, seqs = batch.token_ids.shape[0], batch.seq_lens_t.shape[0]
+        rows = batch.logits_rows.shape[0]
         self.token_ids[:n].copy_(batch.token_ids, non_blocking=True)
         self.positions[:n].copy_(batch.positions, non_blocking=True)
         self.slot_mapping[:n].copy_(batch.slot_mapping, non_blocking=True)
@@ -283,13 +333,5 @@ class StepGraphs:
         self.query_start_loc[seqs + 1 : s_pad + 1].fill_(n)
         self.seq_lens[:seqs].copy_(batch.seq_lens_t, non_blocking=True)
         self.seq_lens[seqs:s_pad].zero_()
-        graph = (kind, b, None)
         if kind == "mixed":
             self.attn_splits.fill_(self._chunk_splits(batch, b))
-        else:
-            want, keys = decode_rule(seqs, *self._attention(batch.max_seq_len))
-            graph = (kind, b, pick_decode_graph(self.decode_graphs[b], want, keys))
-        self.graphs[graph].replay()
-        self.replays[kind] += 1
-        self.last_key = key
-        return self.outputs[graph][:rows]

@@ -60,14 +60,22 @@ class ModelRunner:
             end += n
             if seq.num_inflight:
                 fill.append((end - 1, seq.inflight_row))
-        rows_src = [r for r, _ in fill] + [s for _, s in fill]
+        # and each token's row in prev (-1: its own id), for a graph's staged inputs
+        per_token = [-1] * end
+        for row, src in fill:
+            per_token[row] = src
+        rows_src = [r for r, _ in fill] + [s for _, s in fill] + (per_token if fill else [])
         batch = ForwardBatch.build(chunks, self.kv.block_size, self.device, rows_src)
+        on_device = None  # (per-token rows, prev's tokens): filled in by the graph's staging
         if fill:
             if prev is None:
                 raise ValueError("a sequence has a token in flight but no previous output given")
-            rows, src = batch.extra.split(len(fill))
-            batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
-        logits = self.graphs.run(batch) if self.graphs is not None else None
+            rows, src, per_token_t = batch.extra.split([len(fill), len(fill), end])
+            if self.graphs is not None and self.graphs.stages(batch):
+                on_device = (per_token_t, prev.token_ids)
+            else:
+                batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
+        logits = self.graphs.run(batch, on_device) if self.graphs is not None else None
         key = self.graphs.last_key if logits is not None else None
         if logits is None:  # no graph fits this step
             logits = self.model(batch, self.kv)

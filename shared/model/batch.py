@@ -43,6 +43,9 @@ class ForwardBatch:
     max_attn_splits: int = 0
     # build's `extra` values on the device (int64)
     extra: torch.Tensor | None = None
+    # logits_rows is every token in order (decode steps): the final norm reads x whole, no
+    # gather launch
+    all_rows: bool = False
 
     @property
     def query_lens(self) -> list[int]:
@@ -103,4 +106,5 @@ class ForwardBatch:
             extra=extra_t,
             max_query_len=max((len(c.token_ids) for c in chunks), default=0),
             max_seq_len=max(seq_lens, default=0),
+            all_rows=rows == list(range(len(ids))),
         )

@@ -44,15 +44,22 @@ class CausalLM(nn.Module):
         return x
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
-        """Logits [N, vocab] in float32 for the rows `batch.logits_rows`."""
+    def forward(
+        self, batch: ForwardBatch, kv: KVPool, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits [N, vocab] in float32 for the rows `batch.logits_rows`; with `out` ([N,
+        vocab] float32) written there (one launch converts and copies them: a CUDA graph's
+        shared logits buffer)."""
         cfg = self.cfg
         x = self.embed(batch.token_ids)
         if (scale := self.embed_scale()) != 1.0:
             x = x * scale
         x = self.run_layers(x, batch, kv)
-        x = self.ops.rms_norm(x[batch.logits_rows], self.norm, cfg.rms_eps)
-        logits = self.lm_head(x).float()
+        x = self.ops.rms_norm(x if batch.all_rows else x[batch.logits_rows], self.norm, cfg.rms_eps)
+        logits = self.lm_head(x)
         if cfg.final_logit_softcap:
-            logits = torch.tanh(logits / cfg.final_logit_softcap) * cfg.final_logit_softcap
-        return logits
+            c = cfg.final_logit_softcap
+            logits = torch.tanh(logits.float() / c) * c
+        if out is None:
+            return logits.float()
+        return out.copy_(logits)

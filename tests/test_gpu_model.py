@@ -105,7 +105,9 @@ def test_gpu_engine_greedy_matches_cpu(
     assert generate(cuda) == generate("cpu")
 
 
-def _generate_gemma3(cuda: str, synthetic_dir: Path, graphs: bool, budget: int) -> tuple:
+def _generate_gemma3(
+    cuda: str, synthetic_dir: Path, graphs: bool, budget: int, overlap: bool = False
+) -> tuple:
     """20 sequences (prompts of 5-138 tokens, greedy and sampled) through the engine on the
     synthetic gemma3 model with a `budget`-token step: (their tokens, the graphs' replay counts,
     or None without graphs). With budget 512 every prompt fits one step (decode graphs only);
@@ -128,7 +130,9 @@ def _generate_gemma3(cuda: str, synthetic_dir: Path, graphs: bool, budget: int) 
         mixed = budget if budget < 512 else 0
         g = StepGraphs(model, kv, max_seqs=32, max_model_len=1024, max_batch_tokens=mixed)
         g.capture()
-    engine = LLMEngine(ModelRunner(model, kv, cuda, g), BlockManager(512, 16), 1024, budget, 32)
+    engine = LLMEngine(
+        ModelRunner(model, kv, cuda, g), BlockManager(512, 16), 1024, budget, 32, overlap=overlap
+    )
     for i in range(20):  # 20 sequences: buckets 24 and below, with padding
         params = SamplingParams(temperature=0.8 if i % 2 else 0.0, seed=i)
         engine.add(
@@ -146,6 +150,21 @@ def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None
     graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=512)
     assert graphs == _generate_gemma3(cuda, synthetic_dir, graphs=False, budget=512)[0]
     assert replays["decode"] > 5 and replays["mixed"] == 0
+
+
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "copies"])
+def test_cuda_graph_overlapped_steps_match_eager(
+    cuda: str, synthetic_dir: Path, staged: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Overlapped steps (the tokens in flight filled in on the device: by the graph's staged
+    inputs, or with those off by the runner's index copy) through decode and mixed graphs give
+    the tokens of eager steps one at a time."""
+    import shared.engine.cuda_graphs as cg
+
+    monkeypatch.setattr(cg, "STAGED", staged)
+    graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=96, overlap=True)
+    assert replays["mixed"] > 5 and replays["decode"] > 5
+    assert graphs == _generate_gemma3(cuda, synthetic_dir, graphs=False, budget=96)[0]
 
 
 def test_cuda_graph_decode_split_count_follows_the_context(

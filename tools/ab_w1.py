@@ -20,7 +20,8 @@ before (aq)); ``cache-q6k-1`` (the same for Q6_K weights only); ``kv-last`` (the
 attention's K and V loads evict-last); ``spin`` (the combine waits for its KV head's slices
 by a counter, not for the attention launch's end, ``paged_attention._SPIN``); ``stage-off``
 (a graph's inputs copied in by a copy or fill each, not by one ``stage_inputs`` launch, as
-before (ar)); ``rope-wide``
+before (ar)); ``step-io-off`` (that, the logits converted and then copied into the graph's
+buffer, and decode steps' final norm through a gather, all as before (ar)); ``rope-wide``
 (RoPE + KV write in programs of 16 heads at every token count, as before (ab));
 ``argmax-torch`` (greedy picks by torch.argmax); ``copies-apart`` (a step's inputs in one
 host->device copy each);
@@ -271,6 +272,11 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "kv-last": (_off("shared.kernels.paged_attention", "_KV_EVICT", "evict_last"),),
     "spin": (_off("shared.kernels.paged_attention", "_SPIN", True),),
     "stage-off": (_off("shared.engine.cuda_graphs", "STAGED", False),),
+    "step-io-off": (
+        _off("shared.engine.cuda_graphs", "STAGED", False),
+        _off("shared.engine.cuda_graphs", "LOGITS_INTO", False),
+        _off("shared.model.causal_lm", "WHOLE_ROWS", False),
+    ),
     "pair-off": (_off("shared.model.linear", "_PAIRED", False),),
     "batch-rows-off": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 1),),
     "batch-rows-8": (_off("shared.kernels.qmatmul.packed_int8_rows_batch", "BATCH_ROWS", 8),),

@@ -38,6 +38,9 @@ from shared.model.causal_lm import CausalLM
 # a step's inputs go into the graph's buffers in one launch (stage_inputs), not 8-12 copies
 # and fills; off: the copies (tools/ab_w1 stage-off)
 STAGED = True
+# a graph's logits converted to float32 into the shared buffer by one launch, not a conversion
+# and a copy (off: tools/ab_w1 step-io-off)
+LOGITS_INTO = True
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # at most 50 % padding up to 128 tokens and 25 % from there (prefill is compute-bound above
 # ~200 rows: padding costs in proportion)
@@ -224,7 +227,10 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             self.outputs[key] = self.logits[: self._rows(*key[:2])]
             with torch.cuda.graph(graph, pool=self.pool):
-                self.model(batch, self.kv, out=self.outputs[key])
+                if LOGITS_INTO:
+                    self.model(batch, self.kv, out=self.outputs[key])
+                else:
+                    self.outputs[key].copy_(self.model(batch, self.kv))
             self.pool = graph.pool()
             self.graphs[key] = graph
         # A graph's first replay uploads it to the device. Each graph is replayed once here so

@@ -13,6 +13,10 @@ from shared.model.batch import ForwardBatch
 from shared.model.config import ModelConfig
 from shared.model.weights import WeightLoader
 
+# decode steps' final norm reads x whole instead of through a gather of every row (a launch
+# a step); off: the gather (tools/ab_w1 step-io-off)
+WHOLE_ROWS = True
+
 
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, w: WeightLoader) -> None:
@@ -55,7 +59,8 @@ class CausalLM(nn.Module):
         if (scale := self.embed_scale()) != 1.0:
             x = x * scale
         x = self.run_layers(x, batch, kv)
-        x = self.ops.rms_norm(x if batch.all_rows else x[batch.logits_rows], self.norm, cfg.rms_eps)
+        whole = batch.all_rows and WHOLE_ROWS
+        x = self.ops.rms_norm(x if whole else x[batch.logits_rows], self.norm, cfg.rms_eps)
         logits = self.lm_head(x)
         if cfg.final_logit_softcap:
             c = cfg.final_logit_softcap

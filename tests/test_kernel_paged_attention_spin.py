@@ -7,6 +7,8 @@ tests/test_kernel_paged_attention.py."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -106,3 +108,36 @@ def test_the_ops_backend_keeps_counters_only_when_spinning(monkeypatch: pytest.M
     assert ops._attention_tickets(dev, 64) is first  # big enough: shared by every layer
     bigger = ops._attention_tickets(dev, first.numel() + 1)
     assert bigger is not first and bigger.numel() >= first.numel() + 1
+
+
+@pytest.mark.usefixtures("spin")
+def test_padding_tokens_do_not_wait() -> None:
+    """A CUDA graph's bucket past the batch: the last token belongs to no sequence (and the
+    last sequence is empty), so no slice counts for it; at capture no sequence has a query.
+    The combine must not wait for those (it waited forever on the H200 before, in W1)."""
+    batch = _decode(2, seed=3)
+    tickets = torch.zeros(16, **I32)
+    q = torch.cat([batch.q, batch.q[:1]])  # token 2: padding
+    starts = torch.tensor([0, 1, 2, 2], **I32)  # sequence 2: padding, no query
+    lens = torch.tensor([*batch.seq_lens, 0], **I32)
+    table = torch.cat([batch.block_tables, batch.block_tables[:1]])
+    done = {}
+
+    def run(starts, lens):
+        done["out"] = pa.paged_attention(
+            q, batch.k_cache, batch.v_cache, table, starts, lens, 0.125, max_query_len=1,
+            num_splits=4, tickets=tickets,
+        )  # fmt: skip
+        if DEVICE == "cuda":  # on a GPU the wait is the synchronize
+            torch.cuda.synchronize()
+
+    for args in ((starts, lens), (torch.zeros_like(starts), torch.zeros_like(lens))):
+        done.clear()
+        worker = threading.Thread(target=run, args=args, daemon=True)
+        worker.start()
+        worker.join(timeout=120)
+        assert "out" in done, "the combine waited for a padding token's slices"
+        assert not tickets.any()
+    real = run_kernel(batch, 0.125, num_splits=4)
+    run(starts, lens)
+    assert torch.equal(done["out"][:2], real)

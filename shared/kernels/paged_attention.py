@@ -336,6 +336,8 @@ def paged_attention(
             probe_ptr=probe,
             SPIN=spin,
             tickets_ptr=tickets if spin else None,
+            query_start_loc_ptr=query_start_loc if spin else None,
+            num_seqs=num_seqs,
             GROUP=group,
             CM=".cg" if spin else "",
             **launch_kw(early),

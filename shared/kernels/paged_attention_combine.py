@@ -54,6 +54,8 @@ def _combine_splits_kernel(
     probe_ptr=None,
     SPIN: tl.constexpr = False,  # wait for the head's slices by their count, not wait_prev
     tickets_ptr=None,  # [>= T x n_kv_heads] int32, zero between launches (SPIN)
+    query_start_loc_ptr=None,  # [num_seqs + 1] int32: tokens past its last are padding (SPIN)
+    num_seqs=0,
     GROUP: tl.constexpr = 1,  # q heads a KV head (SPIN)
     CM: tl.constexpr = "",  # the partials' cache modifier (".cg" with SPIN: L2, not L1)
 ):
@@ -76,8 +78,12 @@ def _combine_splits_kernel(
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     if SPIN:
+        # a padding token (a CUDA graph's bucket past the batch, or its capture) belongs to
+        # no sequence: no slice counts for it, and its row is never read
+        live = token < tl.load(query_start_loc_ptr + num_seqs)
         at = tickets_ptr + token * (tl.num_programs(1) // GROUP) + head // GROUP
-        wait_slices(at, n_splits)
+        if live:
+            wait_slices(at, n_splits)
         if PROBE:  # the probe's "wait returned": the count came
             g1, c1 = probe.now(0)
     s = tl.arange(0, SPLITS)
@@ -101,7 +107,8 @@ def _combine_splits_kernel(
         y = tl.reshape(o.to(tl.float32), (BLOCK_D // W, W))
         round_blocks(y, b0, b0 + HEAD_DIM // W, xq_ptr, xd_ptr, xs_ptr, W, G)
     if SPIN:
-        release_slices(at, n_splits, GROUP)
+        if live:
+            release_slices(at, n_splits, GROUP)
         wait_prev(PDL)  # finishing implies the attention finished: the chain's order holds
     if PROBE:
         g3, c3 = probe.now(tl.sum(o.to(tl.float32), 0).to(tl.int32, bitcast=True))

@@ -17,8 +17,7 @@ rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each)
 ``cache-0`` (the rows GEMV's weight loads without the evict-first hint, as before (z));
 ``cache-1`` (evict-first on the rows GEMV's weight words only, the scale loads plain, as
 before (aq)); ``cache-q6k-1`` (the same for Q6_K weights only); ``kv-last`` (the decode
-attention's K and V loads evict-last); ``spin`` (the combine waits for its KV head's slices
-by a counter, not for the attention launch's end, ``paged_attention._SPIN``); ``stage-off``
+attention's K and V loads evict-last); ``stage-off``
 (a graph's inputs copied in by a copy or fill each, not by one ``stage_inputs`` launch, as
 before (ar)); ``step-io-off`` (that, the logits converted and then copied into the graph's
 buffer, and decode steps' final norm through a gather, all as before (ar)); ``rope-wide``
@@ -270,7 +269,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "copies-apart": (_off("shared.model.batch", "to_device_packed", _separate_copies),),
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
     "kv-last": (_off("shared.kernels.paged_attention", "_KV_EVICT", "evict_last"),),
-    "spin": (_off("shared.kernels.paged_attention", "_SPIN", True),),
     "stage-off": (_off("shared.engine.cuda_graphs", "STAGED", False),),
     "step-io-off": (
         _off("shared.engine.cuda_graphs", "STAGED", False),

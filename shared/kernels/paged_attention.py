@@ -66,9 +66,6 @@ _ONE_SEQ = True
 # step while the weights stream through it evict-first (packed_int8_rows_policy.CACHE_HINTS).
 # H200, W1 Q4_K_M, two rounds (BENCHMARKS.md 2026-12-03 (aq)): "evict_last" -0.4 / +0.1 %: plain
 _KV_EVICT = ""
-# a decode batch's combine, given counters (paged_attention: tickets), waits for its KV head's
-# slices by their count instead of for the whole attention launch (paged_attention_combine)
-_SPIN = False
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -180,7 +177,6 @@ def paged_attention(
     num_splits_t: torch.Tensor | None = None,  # [1] int32 on q.device, <= num_splits
     int8_layout: tuple[int, int] | None = None,  # (W, G): also return out rounded to int8
     probe: torch.Tensor | None = None,  # a buffer of shared.kernels.probe: records a program
-    tickets: torch.Tensor | None = None,  # int32 counters on q.device, zero between launches
 ) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """Attention of q over the paged cache; returns [T, n_heads, head_dim] in q.dtype.
 
@@ -201,12 +197,6 @@ def paged_attention(
 
     With probe (`shared.kernels.probe.new_buffer`, a CUDA device only): every program of both
     kernels appends a record of when it started, passed wait_prev and finished.
-
-    With tickets (int32, zero, at least T * n_kv_heads, kept by the caller for its launches on
-    one stream) and _SPIN: a decode batch (max_query_len 1) over split-K slices has each slice
-    count itself stored, and the combine's programs wait for their KV head's count instead of
-    for the attention launch's end (``paged_attention_combine``); the counters are zero again
-    when the combine ends.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -277,7 +267,6 @@ def paged_attention(
     block_q = tiles.block_m // group
     grid = (n_tokens // block_q + num_seqs, n_kv_heads, num_splits)
     early = pdl(q.device, _paged_attention_kernel)
-    spin = _spins(tickets, q.device, num_splits, max_query_len, n_tokens * n_kv_heads)
     _paged_attention_kernel[grid](
         out, part_acc, part_m, part_l,
         q, k_cache, v_cache, ks, vs,
@@ -308,8 +297,6 @@ def paged_attention(
         KV_EP=_KV_EVICT,
         PROBE=probe is not None,
         probe_ptr=probe,
-        TICKETS=spin,
-        tickets_ptr=tickets if spin else None,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),
@@ -334,29 +321,9 @@ def paged_attention(
             G=g,
             PROBE=probe is not None,
             probe_ptr=probe,
-            SPIN=spin,
-            tickets_ptr=tickets if spin else None,
-            query_start_loc_ptr=query_start_loc if spin else None,
-            num_seqs=num_seqs,
-            GROUP=group,
-            CM=".cg" if spin else "",
             **launch_kw(early),
         )  # fmt: skip
     return out if int8_layout is None else (out, rounded)
-
-
-def _spins(
-    tickets: torch.Tensor | None, device: torch.device, splits: int, max_query_len: int, pairs: int
-) -> bool:
-    """Whether the combine waits for counted slices (paged_attention: tickets)."""
-    if tickets is None or not _SPIN or splits <= 1 or max_query_len > 1:
-        return False
-    _check(
-        tickets.dtype == torch.int32 and tickets.device == device and tickets.is_contiguous(),
-        f"tickets must be contiguous int32 on {device}, got {tickets.dtype} on {tickets.device}",
-    )
-    _check(tickets.numel() >= pairs, f"{tickets.numel()} tickets for {pairs} (token, KV head)s")
-    return True
 
 
 def _rounds_heads(head_dim: int, w: int) -> bool:

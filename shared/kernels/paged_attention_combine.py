@@ -1,15 +1,6 @@
 """The pass after a split-K paged attention (``paged_attention_jit``): each head's slices,
 weighted by their maxima, summed into the output row, and with ROUND rounded to int8 for the
-next GEMV. ``shared.kernels.paged_attention`` launches it.
-
-With SPIN (decode batches given counters, ``paged_attention._SPIN``) a program does not wait
-for the whole attention launch to end (``wait_prev``: on the H200 it returned 1.3-1.8 µs after
-the last attention program ended, BENCHMARKS.md 2026-12-02 (am)): each attention slice counts
-itself stored in its (token, KV head)'s counter with a release, and the combine's programs,
-launched early, spin on it with an acquire, then read the partials from L2. It cannot
-deadlock: programmatic dependent launch places a program of this launch only once every
-attention program has started. ``wait_prev`` still comes before a program ends, so finishing
-implies the attention finished (gdc's order of the chain)."""
+next GEMV. ``shared.kernels.paged_attention`` launches it."""
 
 from __future__ import annotations
 
@@ -52,12 +43,6 @@ def _combine_splits_kernel(
     G: tl.constexpr = 8,
     PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
     probe_ptr=None,
-    SPIN: tl.constexpr = False,  # wait for the head's slices by their count, not wait_prev
-    tickets_ptr=None,  # [>= T x n_kv_heads] int32, zero between launches (SPIN)
-    query_start_loc_ptr=None,  # [num_seqs + 1] int32: tokens past its last are padding (SPIN)
-    num_seqs=0,
-    GROUP: tl.constexpr = 1,  # q heads a KV head (SPIN)
-    CM: tl.constexpr = "",  # the partials' cache modifier (".cg" with SPIN: L2, not L1)
 ):
     if PROBE:
         g0, c0 = probe.now(0)
@@ -65,40 +50,26 @@ def _combine_splits_kernel(
     n_splits = num_splits
     if DYNAMIC_SPLITS:
         n_splits = tl.load(splits_ptr)  # before the wait, as the attention kernel's
-    if not SPIN:
-        wait_prev(PDL)  # before the early return, as the attention kernel's
+    wait_prev(PDL)  # before the early return, as the attention kernel's
     if PROBE:
         g1, c1 = probe.now(0)
         if n_splits == 1:
             _probe_record(probe_ptr, g0, g1, g1, c0, c1, c1, n_splits)
     if n_splits == 1:
-        if SPIN:
-            wait_prev(PDL)
         return
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    if SPIN:
-        # a padding token (a CUDA graph's bucket past the batch, or its capture) belongs to
-        # no sequence: no slice counts for it, and its row is never read
-        live = token < tl.load(query_start_loc_ptr + num_seqs)
-        at = tickets_ptr + token * (tl.num_programs(1) // GROUP) + head // GROUP
-        if live:
-            wait_slices(at, n_splits)
-        if PROBE:  # the probe's "wait returned": the count came
-            g1, c1 = probe.now(0)
     s = tl.arange(0, SPLITS)
     s_ok = s < n_splits
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     pm_off = s * stride_pm_s + token * stride_pm_t + head * stride_pm_h
-    m = tl.load(part_m_ptr + pm_off, mask=s_ok, other=float("-inf"), cache_modifier=CM)
-    l_s = tl.load(part_l_ptr + pm_off, mask=s_ok, other=0.0, cache_modifier=CM)
+    m = tl.load(part_m_ptr + pm_off, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + pm_off, mask=s_ok, other=0.0)
     m_max = tl.max(m, 0)
     w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty slices weigh 0
     pa_off = s[:, None] * stride_pa_s + token * stride_pa_t + head * stride_pa_h + d[None, :]
-    acc = tl.load(
-        part_acc_ptr + pa_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0, cache_modifier=CM
-    )
+    acc = tl.load(part_acc_ptr + pa_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
     o = to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED)
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + d, o, mask=d_ok)
@@ -106,32 +77,9 @@ def _combine_splits_kernel(
         b0 = head * (HEAD_DIM // W)
         y = tl.reshape(o.to(tl.float32), (BLOCK_D // W, W))
         round_blocks(y, b0, b0 + HEAD_DIM // W, xq_ptr, xd_ptr, xs_ptr, W, G)
-    if SPIN:
-        if live:
-            release_slices(at, n_splits, GROUP)
-        wait_prev(PDL)  # finishing implies the attention finished: the chain's order holds
     if PROBE:
         g3, c3 = probe.now(tl.sum(o.to(tl.float32), 0).to(tl.int32, bitcast=True))
         _probe_record(probe_ptr, g0, g1, g3, c0, c1, c3, n_splits)
-
-
-@triton.jit
-def wait_slices(at, n_splits):
-    """Spin until the KV head's n_splits slices counted themselves stored at `at` (their
-    release, this acquire: their partials are visible, read from L2 after it)."""
-    done = tl.atomic_add(at, 0, sem="acquire", scope="gpu")
-    while done < n_splits:
-        done = tl.atomic_add(at, 0, sem="acquire", scope="gpu")
-
-
-@triton.jit
-def release_slices(at, n_splits, GROUP: tl.constexpr):
-    """After a head's combine: each of the KV head's GROUP heads counts itself past the wait,
-    and the last of them sets the counter back to zero for the next launch (the next layer's
-    slices count only after their wait_prev, so after this launch ended)."""
-    seen = tl.atomic_add(at, 1, sem="relaxed", scope="gpu")
-    if seen == n_splits + GROUP - 1:
-        tl.atomic_xchg(at, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

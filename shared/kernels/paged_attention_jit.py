@@ -231,8 +231,6 @@ def _paged_attention_kernel(
     PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
     probe_ptr=None,
     KV_EP: tl.constexpr = "",  # the K and V loads' eviction policy (paged_attention._KV_EVICT)
-    TICKETS: tl.constexpr = False,  # decode: a slice counts itself stored (paged_attention._SPIN)
-    tickets_ptr=None,  # [>= T x n_kv_heads] int32: slices stored a (token, KV head) (TICKETS)
 ):
     if PROBE:
         g0, c0 = probe.now(0)
@@ -378,10 +376,6 @@ def _paged_attention_kernel(
         pm_off = split * stride_pm_s + token * stride_pm_t + head * stride_pm_h
         tl.store(part_m_ptr + pm_off, m_i, mask=row_ok)
         tl.store(part_l_ptr + pm_off, l_i, mask=row_ok)
-        if TICKETS:  # one query a program (decode): the combine of its heads waits for the count
-            tl.debug_barrier()  # every thread's partials are stored before the release
-            at = tickets_ptr + q_begin.to(tl.int64) * tl.num_programs(1) + kv_head
-            tl.atomic_add(at, 1, sem="release", scope="gpu")
     else:
         o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_o_t + head[:, None] * stride_o_h + d[None, :]

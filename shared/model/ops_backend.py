@@ -135,9 +135,6 @@ class TritonOps(TorchOps):
         self._qkv_rope = QKVRope
         self._num_sms = num_sms
         self._round_in_norm = os.environ.get("SKIFF_NORM_ROUNDING", "1") != "0"
-        # the attention's counters, a list a device: the newest in use, the older ones kept
-        # alive for the CUDA graphs captured on them
-        self._tickets: dict[torch.device, list[torch.Tensor]] = {}
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return self._norm.rms_norm(x, w, eps)
@@ -207,28 +204,9 @@ class TritonOps(TorchOps):
             v_scale=vs,
             max_seq_len=batch.max_seq_len,
             int8_layout=int8_layout,
-            tickets=self._attention_tickets(q.device, q.shape[0] * kc.shape[2])
-            if batch.max_query_len <= 1
-            else None,
             **self._splits(q, kc.shape[2], batch, sliding_window),
         )
         return out if int8_layout is not None else (out, {})  # (out, rounded) with a layout
-
-    def _attention_tickets(self, device: torch.device, pairs: int) -> torch.Tensor | None:
-        """Zeroed counters for a decode batch of `pairs` (token, KV head) pairs, with which the
-        attention's combine waits for counted slices (paged_attention: tickets). Every layer's
-        launch shares them (one stream; a launch leaves them zero). A CUDA graph captures
-        those allocated before it (its eager run comes first); during a capture with too few,
-        None: that graph's combine waits for the whole attention launch."""
-        if not self._attn_k._SPIN:
-            return None
-        have = self._tickets.setdefault(device, [])
-        if have and have[-1].numel() >= pairs:
-            return have[-1]
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        have.append(torch.zeros(max(4096, 2 * pairs), dtype=torch.int32, device=device))
-        return have[-1]
 
     def _splits(
         self, q: torch.Tensor, n_kv_heads: int, batch: ForwardBatch, sliding_window: int

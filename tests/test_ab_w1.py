@@ -77,6 +77,7 @@ def _state() -> tuple:
         (policy.cache_hints({}, 14), policy.cache_hints({}, 12, 14)),
         graphs.STAGED,
         (graphs.LOGITS_INTO, importlib.import_module("shared.model.causal_lm").WHOLE_ROWS),
+        pa._COMBINE_WARPS,
     )
 
 
@@ -130,6 +131,8 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "cache-q6k-1": {32},
         "stage-off": {33},
         "step-io-off": {33, 34},
+        "combine-w1": {35},
+        "combine-w2": {35},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},

@@ -66,6 +66,9 @@ _ONE_SEQ = True
 # step while the weights stream through it evict-first (packed_int8_rows_policy.CACHE_HINTS).
 # H200, W1 Q4_K_M, two rounds (BENCHMARKS.md 2026-12-03 (aq)): "evict_last" -0.4 / +0.1 %: plain
 _KV_EVICT = ""
+# warps of a combine program (one head): with 1 a thread holds every slice of its dimensions
+# (the sum over slices needs no shuffle nor shared memory); Triton's default is 4
+_COMBINE_WARPS = 4
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -321,6 +324,7 @@ def paged_attention(
             G=g,
             PROBE=probe is not None,
             probe_ptr=probe,
+            num_warps=_COMBINE_WARPS,
             **launch_kw(early),
         )  # fmt: skip
     return out if int8_layout is None else (out, rounded)

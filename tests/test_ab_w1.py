@@ -131,7 +131,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "cache-q6k-1": {32},
         "stage-off": {33},
         "step-io-off": {33, 34},
-        "combine-w1": {35},
+        "combine-w4": {35},
         "combine-w2": {35},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},

@@ -19,9 +19,10 @@ rounds nothing for the down projection); ``qkv-unfused`` (Q/K/V one launch each)
 before (aq)); ``cache-q6k-1`` (the same for Q6_K weights only); ``kv-last`` (the decode
 attention's K and V loads evict-last); ``stage-off``
 (a graph's inputs copied in by a copy or fill each, not by one ``stage_inputs`` launch, as
-before (ar)); ``combine-w1`` / ``combine-w2`` (the attention's combine in programs of 1 or
-2 warps, not 4); ``step-io-off`` (that, the logits converted and then copied into the graph's
-buffer, and decode steps' final norm through a gather, all as before (ar)); ``rope-wide``
+before (ar)); ``combine-w4`` / ``combine-w2`` (the attention's combine in programs of 4
+warps, as before (ar), or 2, not 1); ``step-io-off`` (that, the logits converted and then
+copied into the graph's buffer, and decode steps' final norm through a gather, all as before
+(ar)); ``rope-wide``
 (RoPE + KV write in programs of 16 heads at every token count, as before (ab));
 ``argmax-torch`` (greedy picks by torch.argmax); ``copies-apart`` (a step's inputs in one
 host->device copy each);
@@ -271,7 +272,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
     "kv-last": (_off("shared.kernels.paged_attention", "_KV_EVICT", "evict_last"),),
     "stage-off": (_off("shared.engine.cuda_graphs", "STAGED", False),),
-    "combine-w1": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 1),),
+    "combine-w4": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 4),),
     "combine-w2": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 2),),
     "step-io-off": (
         _off("shared.engine.cuda_graphs", "STAGED", False),

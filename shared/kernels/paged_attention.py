@@ -67,8 +67,10 @@ _ONE_SEQ = True
 # H200, W1 Q4_K_M, two rounds (BENCHMARKS.md 2026-12-03 (aq)): "evict_last" -0.4 / +0.1 %: plain
 _KV_EVICT = ""
 # warps of a combine program (one head): with 1 a thread holds every slice of its dimensions
-# (the sum over slices needs no shuffle nor shared memory); Triton's default is 4
-_COMBINE_WARPS = 4
+# (the sum over slices needs no barrier nor shared memory). H200, W1 (BENCHMARKS.md
+# 2026-12-03 (ar)), against Triton's default 4: Q4_K_M +1.0 / +1.0 %, Q6_K +1.1 %, Q8_0 +1.4 %;
+# 2 warps lost (-1.0 / -0.8 %)
+_COMBINE_WARPS = 1
 
 
 def _native_fp8(device: torch.device) -> bool:

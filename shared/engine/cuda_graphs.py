@@ -158,6 +158,12 @@ class StepGraphs:
         self.rows = torch.arange(n, dtype=torch.int64, device=dev)  # decode: row i is token i
         self.mixed_rows = torch.zeros(n, dtype=torch.int64, device=dev)
         self.attn_splits = torch.ones(1, dtype=torch.int32, device=dev)  # mixed steps' split-K
+        self._staged = {  # stage_inputs' destinations
+            "token_ids": self.token_ids, "positions": self.positions,
+            "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
+            "query_start_loc": self.query_start_loc, "seq_lens": self.seq_lens,
+            "logits_rows": self.mixed_rows, "attn_splits": self.attn_splits,
+        }  # fmt: skip
         self.sms = num_sms(dev)  # for the attention split rules, asked every step
         self.shared_memory = max_shared_memory(dev)  # for the decode tile (the same)
         # decode buckets' attention slices and tiles, one graph each (decode_graphs; capture)
@@ -308,15 +314,9 @@ class StepGraphs:
             "query_start_loc": batch.query_start_loc_t, "seq_lens": batch.seq_lens_t,
             "logits_rows": batch.logits_rows,
         }  # fmt: skip
-        dst = {
-            "token_ids": self.token_ids, "positions": self.positions,
-            "slot_mapping": self.slot_mapping, "block_tables": self.block_tables,
-            "query_start_loc": self.query_start_loc, "seq_lens": self.seq_lens,
-            "logits_rows": self.mixed_rows, "attn_splits": self.attn_splits,
-        }  # fmt: skip
         mixed = kind == "mixed"
         stage_inputs(
-            src, dst, b, s_pad, rows_pad=self._rows(kind, b) if mixed else 0,
+            src, self._staged, b, s_pad, rows_pad=self._rows(kind, b) if mixed else 0,
             splits=self._chunk_splits(batch, b) if mixed else 0, fill=fill,
         )  # fmt: skip
 

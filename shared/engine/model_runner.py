@@ -53,28 +53,28 @@ class ModelRunner:
             )
             if finishes:
                 sampled.append(seq)
-        # (its last row in the batch, its row in prev) for each token in flight: copied with the
+        # each token's row in prev (-1: its own id; tokens in flight have one): copied with the
         # batch (one host->device copy a step), filled in on the device
-        fill, end = [], 0
+        in_flight, end = False, 0
+        from_prev: list[int] = []
         for seq, n in work:
             end += n
+            from_prev.extend([-1] * n)
             if seq.num_inflight:
-                fill.append((end - 1, seq.inflight_row))
-        # and each token's row in prev (-1: its own id), for a graph's staged inputs
-        per_token = [-1] * end
-        for row, src in fill:
-            per_token[row] = src
-        rows_src = [r for r, _ in fill] + [s for _, s in fill] + (per_token if fill else [])
-        batch = ForwardBatch.build(chunks, self.kv.block_size, self.device, rows_src)
+                from_prev[end - 1], in_flight = seq.inflight_row, True
+        batch = ForwardBatch.build(
+            chunks, self.kv.block_size, self.device, from_prev if in_flight else ()
+        )
         on_device = None  # (per-token rows, prev's tokens): filled in by the graph's staging
-        if fill:
+        if in_flight:
             if prev is None:
                 raise ValueError("a sequence has a token in flight but no previous output given")
-            rows, src, per_token_t = batch.extra.split([len(fill), len(fill), end])
             if self.graphs is not None and self.graphs.stages(batch):
-                on_device = (per_token_t, prev.token_ids)
+                on_device = (batch.extra, prev.token_ids)
             else:
-                batch.token_ids.index_copy_(0, rows, prev.token_ids.index_select(0, src))
+                ids, rows = batch.token_ids, batch.extra
+                taken = prev.token_ids.index_select(0, rows.clamp(min=0))
+                ids.copy_(torch.where(rows >= 0, taken, ids))
         logits = self.graphs.run(batch, on_device) if self.graphs is not None else None
         key = self.graphs.last_key if logits is not None else None
         if logits is None:  # no graph fits this step

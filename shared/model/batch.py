@@ -106,5 +106,5 @@ class ForwardBatch:
             extra=extra_t,
             max_query_len=max((len(c.token_ids) for c in chunks), default=0),
             max_seq_len=max(seq_lens, default=0),
-            all_rows=rows == list(range(len(ids))),
+            all_rows=len(rows) == len(ids),  # rows rise within range(len(ids)): all of them
         )

@@ -78,6 +78,9 @@ def _state() -> tuple:
         graphs.STAGED,
         (graphs.LOGITS_INTO, importlib.import_module("shared.model.causal_lm").WHOLE_ROWS),
         pa._COMBINE_WARPS,
+        importlib.import_module("shared.model.causal_lm").FINAL_FUSED,
+        importlib.import_module("shared.model.causal_lm").HEAD_STORES,
+        importlib.import_module("shared.sampling.sampler").COUNTED_ARGMAX,
     )
 
 
@@ -133,6 +136,10 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "step-io-off": {33, 34},
         "combine-w4": {35},
         "combine-w2": {35},
+        "final-off": {36},
+        "head-store-off": {37},
+        "argmax-two": {38},
+        "tail-off": {36, 37, 38},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},

@@ -13,9 +13,10 @@ from shared.kernels.argmax import argmax_rows
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.mark.parametrize("counted", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [1, 17, 4096, 3 * 4096 + 5])
-def test_argmax_rows_equals_torch(dtype, n):
+def test_argmax_rows_equals_torch(dtype, n, counted):
     g = torch.Generator().manual_seed(n)
     x = torch.randn(6, n, generator=g).to(dtype)
     if n > 1:
@@ -25,9 +26,14 @@ def test_argmax_rows_equals_torch(dtype, n):
         x[4, n // 2] = float("inf")
         x[5, n - 1] = x[5, n // 2] = float("nan")  # the first NaN
     x = x.to(DEVICE)
-    got = argmax_rows(x)
-    assert got.dtype == torch.int64 and got.shape == (6,)
-    assert got.tolist() == x.float().cpu().argmax(dim=-1).tolist()
+    counts = torch.zeros(8, dtype=torch.int32, device=DEVICE) if counted else None
+    want = x.float().cpu().argmax(dim=-1).tolist()
+    for _ in range(2 if counted else 1):  # the one-launch form leaves its counts zero for the next
+        got = argmax_rows(x, counts)
+        assert got.dtype == torch.int64 and got.shape == (6,)
+        assert got.tolist() == want
+        if counted:
+            assert not counts.any()
 
 
 def test_argmax_rows_on_a_strided_view_and_bad_input():
@@ -35,3 +41,5 @@ def test_argmax_rows_on_a_strided_view_and_bad_input():
     assert argmax_rows(x[:, ::2]).tolist() == x[:, ::2].cpu().argmax(dim=-1).tolist()
     with pytest.raises(ValueError, match="argmax_rows"):
         argmax_rows(torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="counts"):  # fewer counters than rows
+        argmax_rows(x, torch.zeros(4, dtype=torch.int32, device=DEVICE))

@@ -108,6 +108,26 @@ def test_cache_hints_give_the_same_bits(qtype: T) -> None:
         assert torch.equal(got, plain), hint
 
 
+@pytest.mark.parametrize("split", [1, 3])
+def test_a_given_out_gets_the_product_in_its_dtype(split: int) -> None:
+    """out= (the LM head's logits into a graph's float32 buffer): the same bits as the float32
+    result the GEMV returns, and the bf16 one's within its rounding; other shapes refused."""
+    n, k = 45, 768
+    pw = interleave(_weight(T.Q6_K, n, k, seed=21))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(22)).to(DEVICE, torch.bfloat16)
+    want = packed_matmul(x, pw, torch.float32, config=_cfg(split, 2))
+    out = torch.full((1, n), float("nan"), device=DEVICE)
+    assert packed_matmul(x, pw, config=_cfg(split, 2), out=out) is out
+    assert torch.equal(out, want)
+    rounded = packed_matmul(x, pw, config=_cfg(split, 2))  # within a bf16 step (the interpreter
+    assert rounded.dtype == torch.bfloat16  # truncates where the GPU rounds to nearest)
+    torch.testing.assert_close(rounded.float(), want, rtol=2**-7, atol=0)
+    with pytest.raises(ValueError, match="out"):
+        packed_matmul(x, pw, config=_cfg(split, 2), out=torch.empty(2, n, device=DEVICE))
+    with pytest.raises(ValueError, match="out"):
+        packed_matmul(x.expand(2, k), pw, config=_cfg(split, 2), out=torch.empty(2, n))
+
+
 @pytest.mark.parametrize("act", [1, 2], ids=["silu", "gelu"])
 def test_gated_epilogue(act: int) -> None:
     n, k = 38, 512

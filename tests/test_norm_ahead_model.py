@@ -5,11 +5,11 @@ tests/test_kernel_norm_ahead.py).
 A synthetic two-layer Llama quantized by llama.cpp, its planes interleaved as CUDA keeps them,
 is run with the Triton ops over a prompt chunk and then token by token, with the fold on and
 off (``linear.NORM_AHEAD``): the one-token steps launch the add + RMSNorm only for the first
-layer's attention norm (the output projections and the first layer's down projection do the
-rest), the prompt chunk for every norm; the steps' logits are no farther from the float32 CPU
-reference than the norm launches' (the folded rounding's codes come from float32 ``h * w``,
-the norm's from its bf16 output). Q4_K_M (a
-Q4_K + Q6_K pair launch for Q/K/V in some layers) under TRITON_INTERPRET=1 on the CPU and
+layer's attention norm (the output projections and the down projections do the rest, the last
+one the final norm with the LM head's rounding), the prompt chunk for every norm; the steps'
+logits are no farther from the float32 CPU reference than the norm launches' (the folded
+rounding's codes come from float32 ``h * w``, the norm's from its bf16 output). Q4_K_M (a Q4_K +
+Q6_K pair launch for Q/K/V in some layers) under TRITON_INTERPRET=1 on the CPU and
 natively on CUDA; Q8_0 on CUDA."""
 
 from __future__ import annotations
@@ -41,15 +41,18 @@ PROMPT, STEPS = 2, 2
 
 def _decode(path: Path, fold: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, list]:
     """(the logits of a prompt chunk and STEPS one-token steps, the rows of each add + RMSNorm
-    launch that ran)."""
+    launch that ran: the layers', then the final norm's)."""
     monkeypatch.setattr(linear, "NORM_AHEAD", fold)
     model = load_interleaved(path)
     launches: list[int] = []
     for layer in model.layers:
         real = layer.add_norm
         layer.add_norm = lambda x, *a, real=real: launches.append(x.shape[0]) or real(x, *a)
+    final: list[int] = []
+    real = model.ops.add_rms_norm_int8
+    model.ops.add_rms_norm_int8 = lambda x, *a: final.append(x.shape[0]) or real(x, *a)
     ids = [1] + np.random.default_rng(6).integers(3, SPEC.vocab, PROMPT + STEPS - 1).tolist()
-    return decode_logits(model, ids, PROMPT), launches
+    return decode_logits(model, ids, PROMPT), launches + ["final"] + final
 
 
 # Q8_0 natively only: two decodes of five minutes each under the interpreter
@@ -67,8 +70,10 @@ def test_decode_with_the_fold_agrees_with_the_norm_launches(
     apart, apart_launches = _decode(path, False, monkeypatch)
     got, launches = _decode(path, True, monkeypatch)
     norms = 2 * SPEC.n_layers
-    assert apart_launches == [PROMPT] * norms + [1] * norms * STEPS
-    assert launches == [PROMPT] * norms + [1] * STEPS
+    # the final norm and the LM head's rounding: the last down projection's epilogue at one token
+    final = ["final", PROMPT]
+    assert apart_launches == [PROMPT] * norms + [1] * norms * STEPS + final + [1] * STEPS
+    assert launches == [PROMPT] * norms + [1] * STEPS + final
     np.testing.assert_array_equal(got[:PROMPT], apart[:PROMPT])  # the same launches
     # the one-token steps, against the float32 CPU reference: the fold no farther from it than
     # the norm launches (bf16 activations, int8 roundings: both about 4 % of the largest logit

@@ -24,6 +24,10 @@ warps, as before (ar), or 2, not 1); ``step-io-off`` (that, the logits converted
 copied into the graph's buffer, and decode steps' final norm through a gather, all as before
 (ar)); ``rope-wide``
 (RoPE + KV write in programs of 16 heads at every token count, as before (ab));
+``final-off`` (the last residual add, the final norm and the LM head's rounding
+in a launch each, as before (as)); ``head-store-off`` (the LM head's logits in the
+activations' dtype, then converted to float32 by a launch, as before (as)); ``argmax-two``
+(greedy picks in two launches, as before (as)); ``tail-off`` (all three);
 ``argmax-torch`` (greedy picks by torch.argmax); ``copies-apart`` (a step's inputs in one
 host->device copy each);
 ``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
@@ -200,7 +204,7 @@ def _separate_copies(parts, device):
     return [to_device(torch.tensor(values, dtype=dtype), device) for values, dtype in parts]
 
 
-def _torch_argmax(x):
+def _torch_argmax(x, counts=None):
     return x.argmax(dim=-1)
 
 
@@ -272,6 +276,14 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "prefetch-off": (_off("shared.kernels.paged_attention", "_PREFETCH", False),),
     "kv-last": (_off("shared.kernels.paged_attention", "_KV_EVICT", "evict_last"),),
     "stage-off": (_off("shared.engine.cuda_graphs", "STAGED", False),),
+    "final-off": (_off("shared.model.causal_lm", "FINAL_FUSED", False),),
+    "head-store-off": (_off("shared.model.causal_lm", "HEAD_STORES", False),),
+    "argmax-two": (_off("shared.sampling.sampler", "COUNTED_ARGMAX", False),),
+    "tail-off": (
+        _off("shared.model.causal_lm", "FINAL_FUSED", False),
+        _off("shared.model.causal_lm", "HEAD_STORES", False),
+        _off("shared.sampling.sampler", "COUNTED_ARGMAX", False),
+    ),
     "combine-w4": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 4),),
     "combine-w2": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 2),),
     "step-io-off": (

@@ -2,7 +2,9 @@
 
 torch reduces a row with one program: at batch 1 a 128,256-entry row took 27 us on the H200
 (BENCHMARKS.md (ab)). Here a row is cut into slices: each program finds its slice's maximum
-and that maximum's first index, then a second launch picks among the slices. The result is
+and that maximum's first index, then a second launch picks among the slices. With a counter
+buffer (``counts``, zeros, kept by the caller) it is one launch: each slice counts itself
+done and the row's last slice picks, then sets the count back to zero. The result is
 ``torch.argmax``'s: the first index of the maximum, NaN counting above every number (the
 first NaN wins), read in the logits' own dtype (any float; no float32 copy).
 """
@@ -41,6 +43,35 @@ def _slice_kernel(x_ptr, val_ptr, idx_ptr, stride_x, n, n_slices, BLOCK: tl.cons
 
 
 @triton.jit
+def _counted_kernel(
+    x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, n, n_slices,
+    BLOCK: tl.constexpr, PICK: tl.constexpr,
+):  # fmt: skip
+    """_slice_kernel, then the row's last slice to finish (by count_ptr[row]) picks."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    idx = s * BLOCK + tl.arange(0, BLOCK)
+    live = idx < n
+    vals = tl.load(x_ptr + row * stride_x + idx, mask=live, other=-float("inf")).to(tl.float32)
+    top, at = _first_max(vals, tl.where(live, idx, 2147483647), 2147483647)
+    tl.store(val_ptr + row * n_slices + s, top)
+    tl.store(idx_ptr + row * n_slices + s, at)
+    # release: the stores above are seen by the program that takes the last count (acquire)
+    done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+    if done == n_slices - 1:
+        k = tl.arange(0, PICK)
+        kept = k < n_slices
+        # past L1 (.cg): the other slices' stores are in L2
+        vals = tl.load(val_ptr + row * n_slices + k, mask=kept, other=-float("inf"),
+                       cache_modifier=".cg")  # fmt: skip
+        ats = tl.load(idx_ptr + row * n_slices + k, mask=kept, other=2147483647,
+                      cache_modifier=".cg")  # fmt: skip
+        _, first = _first_max(vals, ats, 2147483647)
+        tl.store(out_ptr + row, first.to(tl.int64))
+        tl.store(count_ptr + row, 0)  # every slice of this launch has counted: the next may
+
+
+@triton.jit
 def _pick_kernel(val_ptr, idx_ptr, out_ptr, n_slices, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, BLOCK)
@@ -53,8 +84,10 @@ def _pick_kernel(val_ptr, idx_ptr, out_ptr, n_slices, BLOCK: tl.constexpr):
     tl.store(out_ptr + row, first.to(tl.int64))
 
 
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """argmax over the last dim of a [B, V] float tensor: [B] int64."""
+def argmax_rows(x: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax over the last dim of a [B, V] float tensor: [B] int64. counts: int32 zeros of
+    at least B entries on x's device, which launches of one stream share (one launch, which
+    leaves them zero), or None (two launches)."""
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"argmax_rows: a [B, V] float tensor, got {x.dtype} {tuple(x.shape)}")
     if x.stride(1) != 1:
@@ -66,6 +99,14 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     vals = torch.empty(rows, n_slices, dtype=torch.float32, device=x.device)
     idx = torch.empty(rows, n_slices, dtype=torch.int32, device=x.device)
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if counts is not None:
+        if counts.dtype != torch.int32 or counts.numel() < rows or counts.device != x.device:
+            raise ValueError(f"argmax_rows: counts must be {rows}+ int32 on {x.device}")
+        _counted_kernel[(rows, n_slices)](
+            x, vals, idx, counts, out, x.stride(0), n, n_slices, BLOCK=_SLICE,
+            PICK=max(16, triton.next_power_of_2(n_slices)), num_warps=8,
+        )  # fmt: skip
+        return out
     _slice_kernel[(rows, n_slices)](x, vals, idx, x.stride(0), n, n_slices, BLOCK=_SLICE,
                                     num_warps=8)  # fmt: skip
     _pick_kernel[(rows,)](vals, idx, out, n_slices, BLOCK=max(16, triton.next_power_of_2(n_slices)),

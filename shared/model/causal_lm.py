@@ -16,6 +16,15 @@ from shared.model.weights import WeightLoader
 # decode steps' final norm reads x whole instead of through a gather of every row (a launch
 # a step); off: the gather (tools/ab_w1 step-io-off)
 WHOLE_ROWS = True
+# the last residual add, the final norm and the LM head's int8 rounding in one launch
+# (ops.add_rms_norm_int8), or at one token none of their own: the last down projection's
+# epilogue (LlamaForCausalLM.run_layers); off: an add, a norm, and the head rounds x itself
+# (tools/ab_w1 final-off)
+FINAL_FUSED = True
+# one row's logits stored in float32 by the LM head's GEMV itself, into the caller's buffer
+# (a CUDA graph's), not rounded to the activations' dtype and then converted by a launch of
+# their own; off: that conversion (tools/ab_w1 head-store-off)
+HEAD_STORES = True
 
 
 class CausalLM(nn.Module):
@@ -42,29 +51,53 @@ class CausalLM(nn.Module):
     def embed_scale(self) -> float:
         return 1.0
 
-    def run_layers(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+    def run_layers(
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
+        """(x, residual, rounded): the last layer's output and the residual stream it adds to
+        (None: x is the stream); with rounded (the LM head's int8 rounding of the final norm,
+        made in the last GEMV's epilogue) the residual holds the stream and stands in for the
+        normed rows, which the head does not read."""
         for layer in self.layers:
             x = layer(x, batch, kv)
-        return x
+        return x, None, None
+
+    def head_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
+        """The int8 layout the LM head reads m rows in, when they may be rounded ahead."""
+        if not FINAL_FUSED or (lay := self.lm_head.int8_layout(m)) is None:
+            return ()
+        return (lay,)
 
     @torch.inference_mode()
     def forward(
         self, batch: ForwardBatch, kv: KVPool, out: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Logits [N, vocab] in float32 for the rows `batch.logits_rows`; with `out` ([N,
-        vocab] float32) written there (one launch converts and copies them: a CUDA graph's
-        shared logits buffer)."""
+        vocab] float32) written there (a CUDA graph's shared logits buffer)."""
         cfg = self.cfg
         x = self.embed(batch.token_ids)
         if (scale := self.embed_scale()) != 1.0:
             x = x * scale
-        x = self.run_layers(x, batch, kv)
-        whole = batch.all_rows and WHOLE_ROWS
-        x = self.ops.rms_norm(x if whole else x[batch.logits_rows], self.norm, cfg.rms_eps)
-        logits = self.lm_head(x)
+        x, residual, rounded = self.run_layers(x, batch, kv)
+        if rounded is not None:  # normed and rounded already: the stream stands in for h
+            h = residual
+        else:
+            if not (batch.all_rows and WHOLE_ROWS):
+                x = x[batch.logits_rows]
+                residual = residual[batch.logits_rows] if residual is not None else None
+            if residual is not None and not FINAL_FUSED:
+                x, residual = x + residual, None
+            layouts = self.head_layouts(x.shape[0])
+            h, _, rounded = self.ops.add_rms_norm_int8(x, residual, self.norm, cfg.rms_eps, layouts)
+        if not HEAD_STORES:
+            logits = self.lm_head(h, rounded or None).float()
+            out = logits if out is None else out.copy_(logits)
+        else:
+            if out is None:
+                n = self.lm_head.shape[0]
+                out = torch.empty(h.shape[0], n, dtype=torch.float32, device=h.device)
+            self.lm_head(h, rounded or None, out=out)
         if cfg.final_logit_softcap:
             c = cfg.final_logit_softcap
-            logits = torch.tanh(logits.float() / c) * c
-        if out is None:
-            return logits.float()
-        return out.copy_(logits)
+            out.div_(c).tanh_().mul_(c)
+        return out

@@ -201,8 +201,21 @@ class QuantLinear(nn.Module):
         y = packed_matmul(x2, pw, **self.matmul_args(x2), int8=int8, norm_out=norm_out)
         return y.reshape(*x.shape[:-1], self.shape[0]), norm_out.new_residual, made
 
-    def forward(self, x: torch.Tensor, rounded: dict | None = None) -> torch.Tensor:
-        """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made."""
+    def forward(
+        self, x: torch.Tensor, rounded: dict | None = None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made.
+        out: x's rows of the result are stored there, in its dtype (the rows GEMV stores
+        them itself, with no rounding to x's dtype between; else a copy), and out returned."""
+        if out is not None:
+            pw = self.packed
+            rows_gemv = pw is not None and pw.rows32 and x.numel() == self.shape[1]
+            if not rows_gemv or self.kernel_error is not None or self.bias is not None:
+                return out.copy_(self(x, rounded).reshape(out.shape))
+            x2 = x.reshape(1, -1)
+            int8 = rounded.get(int8_layout(pw)) if rounded else None
+            packed_matmul(x2, pw, **self.matmul_args(x2), int8=int8, out=out.view(1, -1))
+            return out
         if self.kernel_error is not None:
             return F.linear(x, self.weight(), self.bias)
         if self.packed is not None:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from shared.kv import KVPool
+from shared.model import causal_lm
 from shared.model.batch import ForwardBatch
 from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
@@ -35,7 +36,7 @@ class LlamaLayer(nn.Module):
         batch: ForwardBatch,
         kv: KVPool,
         ahead: dict | None = None,
-        nxt: LlamaLayer | None = None,
+        nxt: tuple[torch.Tensor, object] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
         """Takes the previous layer's MLP output and the residual stream before it (None at the
         first layer) and returns the same pair, so each residual add fuses with the RMSNorm
@@ -44,7 +45,8 @@ class LlamaLayer(nn.Module):
 
         At batch 1 on the rows GEMVs the add and norm go into the GEMV before them instead
         (``norm_ahead``, no launch of their own): the output projection's for the MLP's norm,
-        and the down projection's for the next layer's (nxt) attention norm. Then the third
+        and the down projection's for the norm after the layer, nxt: (its weight, the module
+        that reads it: the next layer's attention, or the LM head after the last). Then the third
         value returned is that rounding (else None), the residual already holds the MLP's
         output, and the next layer takes it as ``ahead``."""
         m = x.shape[0]
@@ -61,7 +63,7 @@ class LlamaLayer(nn.Module):
         else:
             residual, rounded = folded
             h = residual
-        fold = nxt._fold(residual, nxt.attn_norm, nxt.attn, m) if nxt is not None else None
+        fold = self._fold(residual, *nxt, m) if nxt is not None else None
         out, folded = self.mlp.forward_fold(h, rounded, fold)
         if folded is None:
             return out, residual, None
@@ -70,22 +72,41 @@ class LlamaLayer(nn.Module):
     def _fold(
         self, residual: torch.Tensor | None, weight: torch.Tensor, reader: nn.Module, m: int
     ) -> tuple | None:
-        """(residual, norm weight, eps, layouts) for the GEMV before `reader` (the attention
-        or the MLP) to add and norm in its epilogue, when every GEMV of the reader reads only
-        the rounding; else None."""
+        """(residual, norm weight, eps, layouts) for the GEMV before `reader` (the attention,
+        the MLP or the LM head) to add and norm in its epilogue, when every GEMV of the reader
+        reads only the rounding; else None."""
         if residual is None or not reader.reads_rounded(m):
             return None
         return residual, weight, self.eps, reader.int8_layouts(m)
 
 
 class LlamaForCausalLM(CausalLM):
-    def run_layers(self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool) -> torch.Tensor:
+    def run_layers(
+        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
         residual, ahead = None, None
         last = len(self.layers) - 1
+        # after the last layer, the final norm for the LM head when it reads every row
+        head = (self.norm, _Head(self)) if batch.all_rows and causal_lm.WHOLE_ROWS else None
         for i, layer in enumerate(self.layers):
             nxt = self.layers[i + 1] if i < last else None
+            nxt = (nxt.attn_norm, nxt.attn) if nxt is not None else head
             x, residual, ahead = layer(x, residual, batch, kv, ahead, nxt)
-        return x if residual is None else x + residual
+        return x, residual, ahead
 
     def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> nn.Module:
         return LlamaLayer(cfg, w, layer, self.rope_factors)
+
+
+class _Head:
+    """The LM head as a reader of the final norm (LlamaLayer._fold): it reads only the norm's
+    rounding where it takes one row in an int8 layout (CausalLM.head_layouts)."""
+
+    def __init__(self, model: CausalLM) -> None:
+        self.model = model
+
+    def int8_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
+        return self.model.head_layouts(m)
+
+    def reads_rounded(self, m: int) -> bool:
+        return m == 1 and bool(self.model.head_layouts(1))

@@ -29,6 +29,8 @@ from shared.staging import to_device
 from .params import SamplingParams
 
 _U64 = (1 << 64) - 1
+# greedy picks in one launch (argmax_rows with counts); off: two (tools/ab_w1 argmax-two)
+COUNTED_ARGMAX = True
 
 
 @dataclass
@@ -111,7 +113,24 @@ def apply_penalties(
 
 
 class Sampler:
-    """Stateless; per-request state (the RNG) is owned by the caller."""
+    """Per-request state (the RNG) is owned by the caller. The sampler keeps only the greedy
+    argmax's counters (argmax_rows' counts: zeros between launches), one buffer a device, so
+    one sampler serves one stream of steps."""
+
+    def __init__(self) -> None:
+        self._counts: dict[torch.device, torch.Tensor] = {}
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """torch.argmax over the last dim (the first index of the maximum); one launch on a GPU."""
+        if not x.is_cuda:
+            return x.argmax(dim=-1)
+        if not COUNTED_ARGMAX:
+            return argmax_rows(x)
+        counts = self._counts.get(x.device)
+        if counts is None or counts.numel() < x.shape[0]:
+            counts = torch.zeros(max(64, x.shape[0]), dtype=torch.int32, device=x.device)
+            self._counts[x.device] = counts
+        return argmax_rows(x, counts)
 
     def sample(
         self,
@@ -139,7 +158,7 @@ class Sampler:
             x = logits
         # the first maximum, so greedy ties go to the lowest id; in the logits' dtype (its
         # float32 copy, below, is made only for what needs it)
-        tokens = argmax_rows(x) if x.is_cuda else x.argmax(dim=-1)
+        tokens = self.argmax(x)
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         asked = [p.logprobs for p in params if p.logprobs is not None]
         if random_rows or asked:

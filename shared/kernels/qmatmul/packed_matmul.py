@@ -70,8 +70,11 @@ def packed_matmul(
     out_int8: tuple | None = None,
     rope: tuple | None = None,
     norm_out: tuple | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ unpack(pw).T`` -> ``[M, N]``; x: ``[M, K]`` fp32/fp16/bf16 with unit last stride.
+    ``out``: for the rows GEMV (one row over interleaved planes) only, a contiguous float
+    ``[1, N]`` it stores into, in out's dtype (in place of out_dtype).
 
     act 1 (SiLU) or 2 (GELU, tanh approximation): the rows of pw are gate/up pairs (row 2i the
     gate of output i, 2i + 1 its up) and the result is ``act(gate) * up``, ``[M, N / 2]``,
@@ -114,7 +117,16 @@ def packed_matmul(
         raise ValueError(f"packed_matmul: act {act} for N={n} (0, 1 or 2; gate/up pairs)")
     out_dtype = out_dtype or x.dtype
     m = x.shape[0]
-    out = torch.empty((m, n // 2 if act else n), dtype=out_dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, n // 2 if act else n), dtype=out_dtype, device=x.device)
+    elif not (
+        pw.rows32 and m == 1 and not act and out.shape == (1, n) and out.is_contiguous()
+        and out.dtype in _FLOAT_DTYPES and out.device == x.device
+    ):  # fmt: skip
+        raise ValueError(
+            f"packed_matmul: out {tuple(out.shape)} {out.dtype} for M={m}, N={n}: a contiguous "
+            "float [1, N] for the rows GEMV only"
+        )
     if m == 0 or n == 0:
         return out
     n_chunks = k // CHUNK[pw.qtype]

@@ -62,11 +62,11 @@ def _counted_kernel(
         k = tl.arange(0, PICK)
         kept = k < n_slices
         # past L1 (.cg): the other slices' stores are in L2
-        vals = tl.load(val_ptr + row * n_slices + k, mask=kept, other=-float("inf"),
+        tops = tl.load(val_ptr + row * n_slices + k, mask=kept, other=-float("inf"),
                        cache_modifier=".cg")  # fmt: skip
         ats = tl.load(idx_ptr + row * n_slices + k, mask=kept, other=2147483647,
                       cache_modifier=".cg")  # fmt: skip
-        _, first = _first_max(vals, ats, 2147483647)
+        _, first = _first_max(tops, ats, 2147483647)
         tl.store(out_ptr + row, first.to(tl.int64))
         tl.store(count_ptr + row, 0)  # every slice of this launch has counted: the next may
 

@@ -31,23 +31,12 @@ def _first_max(vals, idx, BIG: tl.constexpr):
 
 
 @triton.jit
-def _slice_kernel(x_ptr, val_ptr, idx_ptr, stride_x, n, n_slices, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
-    idx = s * BLOCK + tl.arange(0, BLOCK)
-    live = idx < n
-    vals = tl.load(x_ptr + row * stride_x + idx, mask=live, other=-float("inf")).to(tl.float32)
-    top, at = _first_max(vals, tl.where(live, idx, 2147483647), 2147483647)
-    tl.store(val_ptr + row * n_slices + s, top)
-    tl.store(idx_ptr + row * n_slices + s, at)
-
-
-@triton.jit
-def _counted_kernel(
+def _slice_kernel(
     x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, n, n_slices,
-    BLOCK: tl.constexpr, PICK: tl.constexpr,
+    BLOCK: tl.constexpr, COUNTED: tl.constexpr = False, PICK: tl.constexpr = 16,
 ):  # fmt: skip
-    """_slice_kernel, then the row's last slice to finish (by count_ptr[row]) picks."""
+    """A slice's maximum and its first index; COUNTED: then the row's last slice to finish
+    (by count_ptr[row]) picks among them into out_ptr[row]."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     idx = s * BLOCK + tl.arange(0, BLOCK)
@@ -56,32 +45,30 @@ def _counted_kernel(
     top, at = _first_max(vals, tl.where(live, idx, 2147483647), 2147483647)
     tl.store(val_ptr + row * n_slices + s, top)
     tl.store(idx_ptr + row * n_slices + s, at)
-    # release: the stores above are seen by the program that takes the last count (acquire)
-    done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
-    if done == n_slices - 1:
-        k = tl.arange(0, PICK)
-        kept = k < n_slices
-        # past L1 (.cg): the other slices' stores are in L2
-        tops = tl.load(val_ptr + row * n_slices + k, mask=kept, other=-float("inf"),
-                       cache_modifier=".cg")  # fmt: skip
-        ats = tl.load(idx_ptr + row * n_slices + k, mask=kept, other=2147483647,
-                      cache_modifier=".cg")  # fmt: skip
-        _, first = _first_max(tops, ats, 2147483647)
-        tl.store(out_ptr + row, first.to(tl.int64))
-        tl.store(count_ptr + row, 0)  # every slice of this launch has counted: the next may
+    if COUNTED:
+        # release: the stores above are seen by the program that takes the last count (acquire)
+        done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+        if done == n_slices - 1:
+            _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, PICK, ".cg")  # past L1: in L2
+            tl.store(count_ptr + row, 0)  # every slice of this launch has counted: the next may
 
 
 @triton.jit
-def _pick_kernel(val_ptr, idx_ptr, out_ptr, n_slices, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK: tl.constexpr, CACHE: tl.constexpr):
     s = tl.arange(0, BLOCK)
     live = s < n_slices
-    vals = tl.load(val_ptr + row * n_slices + s, mask=live, other=-float("inf"))
-    at = tl.load(idx_ptr + row * n_slices + s, mask=live, other=2147483647)
+    vals = tl.load(val_ptr + row * n_slices + s, mask=live, other=-float("inf"),
+                   cache_modifier=CACHE)  # fmt: skip
+    at = tl.load(idx_ptr + row * n_slices + s, mask=live, other=2147483647, cache_modifier=CACHE)
     # slices are in index order, so the first index of the maximum among their firsts is the
     # row's first; an empty slice never exists (n_slices = cdiv(n, slice))
     _, first = _first_max(vals, at, 2147483647)
     tl.store(out_ptr + row, first.to(tl.int64))
+
+
+@triton.jit
+def _pick_kernel(val_ptr, idx_ptr, out_ptr, n_slices, BLOCK: tl.constexpr):
+    _pick_row(val_ptr, idx_ptr, out_ptr, tl.program_id(0).to(tl.int64), n_slices, BLOCK, "")
 
 
 def argmax_rows(x: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,13 +89,13 @@ def argmax_rows(x: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Te
     if counts is not None:
         if counts.dtype != torch.int32 or counts.numel() < rows or counts.device != x.device:
             raise ValueError(f"argmax_rows: counts must be {rows}+ int32 on {x.device}")
-        _counted_kernel[(rows, n_slices)](
-            x, vals, idx, counts, out, x.stride(0), n, n_slices, BLOCK=_SLICE,
+        _slice_kernel[(rows, n_slices)](
+            x, vals, idx, counts, out, x.stride(0), n, n_slices, BLOCK=_SLICE, COUNTED=True,
             PICK=max(16, triton.next_power_of_2(n_slices)), num_warps=8,
         )  # fmt: skip
         return out
-    _slice_kernel[(rows, n_slices)](x, vals, idx, x.stride(0), n, n_slices, BLOCK=_SLICE,
-                                    num_warps=8)  # fmt: skip
+    _slice_kernel[(rows, n_slices)](x, vals, idx, None, None, x.stride(0), n, n_slices,
+                                    BLOCK=_SLICE, num_warps=8)  # fmt: skip
     _pick_kernel[(rows,)](vals, idx, out, n_slices, BLOCK=max(16, triton.next_power_of_2(n_slices)),
                           num_warps=1)  # fmt: skip
     return out

@@ -2,7 +2,8 @@
 and every packed quantized-matmul kernel compile for Hopper (sm_90) on a machine without a GPU:
 the GEMVs (plain, factored, int8 and int8 over row-interleaved planes), the decode-batch GEMMs
 (float32-formed, int8 codes on the tensor cores and, for Q4_K and Q6_K, fp16-formed weights)
-and the dequantizing pass, for every packed type; and the RMSNorm that rounds its row to int8.
+and the dequantizing pass, for every packed type; the RMSNorm that rounds its row to int8; and
+the greedy argmax.
 A kernel that the interpreter runs but the GPU compiler refuses (a Triton global that is not a
 constexpr, an unsupported cast) fails here instead of on the lent device."""
 
@@ -37,8 +38,9 @@ def test_packed_kernels_compile_for_sm90() -> None:
     # (plain, gated, its activation conversion) of Q4_K and Q6_K; the fused add + RMSNorm rounding
     # its row to int8 for no, one or two layouts, and 4 rows for two (norm.add_rms_norm_int8);
     # RoPE + KV write into a bf16 cache and FP8 caches with per-token and per-head scales; two
-    # rows GEMVs of two types in one launch (Q4_K + Q6_K, Q8_0 + Q4_K)
-    assert done.stdout.count("compiled for sm_90") == 12 + 150 + 16 * 8 + 6 + 5 + 3 + 2
+    # rows GEMVs of two types in one launch (Q4_K + Q6_K, Q8_0 + Q4_K); the greedy argmax (its
+    # counted launch, and the slices' and the pick's)
+    assert done.stdout.count("compiled for sm_90") == 12 + 150 + 16 * 8 + 6 + 5 + 3 + 2 + 3
 
 
 _LATE_NEXT = """

@@ -1,6 +1,6 @@
 """Compile a wrapper's own kernel launches for an NVIDIA target on a machine without a GPU: the
 fused kernels as the engine launches them at Llama-3-8B shapes (paged attention, add + RMSNorm,
-RoPE + KV write), for tools/kernel_sass.py to count their instructions."""
+RoPE + KV write, the greedy argmax), for tools/kernel_sass.py to count their instructions."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def _compile_only(arch: int, module: object, **patches: object):
             self.fn.__name__, self.warmup(*args, grid=grid, **kw)
         )
 
-    patches = {"pdl": lambda device, kernel: arch >= 90, **patches}
+    if hasattr(module, "pdl"):
+        patches = {"pdl": lambda device, kernel: arch >= 90, **patches}
     saved = {name: getattr(module, name) for name in patches}
     saved_getitem, saved_driver = JITFunction.__getitem__, driver._active
     driver.set_active(_CompileOnlyDriver(arch))
@@ -101,6 +102,17 @@ def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90, rows: int
         x = torch.empty(rows, 4096, dtype=torch.bfloat16)
         norm.add_rms_norm_int8(x, torch.empty_like(x), torch.empty(4096), 1e-5, layouts)
     return compiled["_rms_norm_kernel"]
+
+
+def compile_argmax(counted: bool, arch: int = 90) -> dict:
+    """The greedy argmax as ``argmax_rows`` launches it for one row of Llama-3's 128,256
+    float32 logits: one counted launch, or the slices' launch and the pick's. {name: kernel}."""
+    import shared.kernels.argmax as argmax
+
+    with _compile_only(arch, argmax) as compiled:
+        counts = torch.zeros(64, dtype=torch.int32) if counted else None
+        argmax.argmax_rows(torch.empty(1, 128256), counts)
+    return compiled
 
 
 def compile_rope_kv(kv: str, arch: int = 90):

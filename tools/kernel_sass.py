@@ -34,7 +34,13 @@ from shared.kernels.qmatmul.packed_chunk import MAGIC
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
 from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.quant import block_geometry
-from tools.compile_launches import compile_attention, compile_norm, compile_pair, compile_rope_kv
+from tools.compile_launches import (
+    compile_argmax,
+    compile_attention,
+    compile_norm,
+    compile_pair,
+    compile_rope_kv,
+)
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
           torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.int64: "i64"}  # fmt: skip
@@ -302,6 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     for kv in ("bf16", "fp8", "fp8-head"):
         build = functools.partial(compile_rope_kv, kv, args.arch)
         if not _report(f"RoPE + KV write, {kv}", build, args.check, args.arch, whole_stats):
+            return 1
+    for counted, name in (
+        (True, "_slice_kernel"),
+        (False, "_slice_kernel"),
+        (False, "_pick_kernel"),
+    ):
+        what = f"argmax {name}" + (", counted (one launch)" if counted else "")
+        build = lambda counted=counted, name=name: compile_argmax(counted, args.arch)[name]  # noqa: E731
+        if not _report(what, build, args.check, args.arch, whole_stats):
             return 1
     for pair in ((T.Q4_K, T.Q6_K), (T.Q8_0, T.Q4_K)):
         build = functools.partial(compile_pair, pair, args.arch)

@@ -81,6 +81,7 @@ def _state() -> tuple:
         importlib.import_module("shared.model.causal_lm").FINAL_FUSED,
         importlib.import_module("shared.model.causal_lm").HEAD_STORES,
         importlib.import_module("shared.sampling.sampler").COUNTED_ARGMAX,
+        pa._COMBINE_LOADS_FIRST,
     )
 
 
@@ -140,6 +141,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "head-store-off": {37},
         "argmax-two": {38},
         "tail-off": {36, 37, 38},
+        "combine-loads-first": {39},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},

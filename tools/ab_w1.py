@@ -28,6 +28,8 @@ copied into the graph's buffer, and decode steps' final norm through a gather, a
 in a launch each, as before (as)); ``head-store-off`` (the LM head's logits in the
 activations' dtype, then converted to float32 by a launch, as before (as)); ``argmax-two``
 (greedy picks in two launches, as before (as)); ``tail-off`` (all three);
+``combine-loads-first`` (on: the combine's sums loaded with its maxima, one round trip;
+lost in four-warp programs in (an), not yet timed in one-warp ones);
 ``argmax-torch`` (greedy picks by torch.argmax); ``copies-apart`` (a step's inputs in one
 host->device copy each);
 ``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
@@ -285,6 +287,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
         _off("shared.sampling.sampler", "COUNTED_ARGMAX", False),
     ),
     "combine-w4": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 4),),
+    "combine-loads-first": (_off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),),
     "combine-w2": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 2),),
     "step-io-off": (
         _off("shared.engine.cuda_graphs", "STAGED", False),

@@ -86,16 +86,16 @@ def argmax_rows(x: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Te
     vals = torch.empty(rows, n_slices, dtype=torch.float32, device=x.device)
     idx = torch.empty(rows, n_slices, dtype=torch.int32, device=x.device)
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    pick = max(16, triton.next_power_of_2(n_slices))  # the pick's block: every slice's result
     if counts is not None:
         if counts.dtype != torch.int32 or counts.numel() < rows or counts.device != x.device:
             raise ValueError(f"argmax_rows: counts must be {rows}+ int32 on {x.device}")
         _slice_kernel[(rows, n_slices)](
             x, vals, idx, counts, out, x.stride(0), n, n_slices, BLOCK=_SLICE, COUNTED=True,
-            PICK=max(16, triton.next_power_of_2(n_slices)), num_warps=8,
+            PICK=pick, num_warps=8,
         )  # fmt: skip
         return out
     _slice_kernel[(rows, n_slices)](x, vals, idx, None, None, x.stride(0), n, n_slices,
                                     BLOCK=_SLICE, num_warps=8)  # fmt: skip
-    _pick_kernel[(rows,)](vals, idx, out, n_slices, BLOCK=max(16, triton.next_power_of_2(n_slices)),
-                          num_warps=1)  # fmt: skip
+    _pick_kernel[(rows,)](vals, idx, out, n_slices, BLOCK=pick, num_warps=1)
     return out

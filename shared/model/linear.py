@@ -1,4 +1,4 @@
-"""Linear and embedding layers whose weights stay quantized on the device.
+"""Linear layers whose weights stay quantized on the device (the embedding: embedding.py).
 
 Three ways to multiply, chosen once at load time:
 
@@ -37,7 +37,6 @@ from shared.kernels.qmatmul import (
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for, int8_layout
 from shared.kernels.qmatmul.norm_ahead import folds, norm_buffers
 from shared.kernels.qmatmul.packed import CHUNK
-from shared.kernels.qmatmul.packed_dequant import dequantize_packed_rows
 from shared.kernels.qmatmul.packed_int8_pair import (
     gemv_int8_pair_kernel,
     pair_splits,
@@ -207,53 +206,27 @@ class QuantLinear(nn.Module):
         """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made.
         out: x's rows of the result are stored there, in its dtype (the rows GEMV stores
         them itself, with no rounding to x's dtype between; else a copy), and out returned."""
-        if out is not None:
-            pw = self.packed
-            rows_gemv = pw is not None and pw.rows32 and x.numel() == self.shape[1]
-            if not rows_gemv or self.kernel_error is not None or self.bias is not None:
-                return out.copy_(self(x, rounded).reshape(out.shape))
-            x2 = x.reshape(1, -1)
-            int8 = rounded.get(int8_layout(pw)) if rounded else None
-            packed_matmul(x2, pw, **self.matmul_args(x2), int8=int8, out=out.view(1, -1))
-            return out
+        pw = self.packed
+        if out is not None and not (
+            pw is not None and pw.rows32 and x.numel() == self.shape[1] and self.bias is None
+            and self.kernel_error is None
+        ):  # fmt: skip
+            return out.copy_(self(x, rounded).reshape(out.shape))
         if self.kernel_error is not None:
             return F.linear(x, self.weight(), self.bias)
-        if self.packed is not None:
+        if pw is not None:
             x2 = x.reshape(-1, self.shape[1])
-            int8 = rounded.get(int8_layout(self.packed)) if rounded else None
-            y = packed_matmul(x2, self.packed, **self.matmul_args(x2), int8=int8)
+            int8 = rounded.get(int8_layout(pw)) if rounded else None
+            into = out.view(1, -1) if out is not None else None
+            y = packed_matmul(x2, pw, **self.matmul_args(x2), int8=int8, out=into)
+            if out is not None:
+                return out
         elif self._gemv is not None and x.numel() <= _GEMV_MAX_M * self.shape[1]:
             y = self._gemv(x.reshape(-1, self.shape[1]), self.raw, self.qtype)
         else:
             return F.linear(x, self.weight(), self.bias)
         y = y.reshape(*x.shape[:-1], self.shape[0])
         return y if self.bias is None else y + self.bias
-
-
-class QuantEmbedding(nn.Module):
-    """Token embedding: only the looked-up rows are dequantized. With ``use_kernels`` a
-    packed type keeps planes instead of the blocks, and a lookup is one launch
-    (``dequantize_packed_rows``: the same values as ``dequantize``, bit for bit)."""
-
-    def __init__(
-        self,
-        raw: torch.Tensor,
-        qtype: int,
-        shape: tuple[int, int],
-        compute_dtype: torch.dtype,
-        use_kernels: bool = False,
-    ) -> None:
-        super().__init__()
-        self.raw, self.qtype, self.shape, self.compute_dtype = raw, qtype, shape, compute_dtype
-        self.packed = None
-        if use_kernels and packable(qtype, shape):
-            self.packed, self.raw = pack(raw, qtype, shape), None
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return dequantize_packed_rows(self.packed, ids.reshape(-1), self.compute_dtype)
-        rows = self.raw[ids]
-        return dequantize(rows, self.qtype, (ids.numel(), self.shape[1])).to(self.compute_dtype)
 
 
 class SplitLinear(nn.Module):

@@ -10,7 +10,8 @@ import torch
 
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.loader import GGUFError, GGUFFile
-from shared.model.linear import GatedLinear, QuantEmbedding, QuantLinear, SplitLinear, packable
+from shared.model.embedding import QuantEmbedding
+from shared.model.linear import GatedLinear, QuantLinear, SplitLinear, packable
 from shared.model.ops_backend import TorchOps
 from shared.quant import SUPPORTED_TYPES, dequantize
 

@@ -82,6 +82,8 @@ def _state() -> tuple:
         importlib.import_module("shared.model.causal_lm").HEAD_STORES,
         importlib.import_module("shared.sampling.sampler").COUNTED_ARGMAX,
         pa._COMBINE_LOADS_FIRST,
+        importlib.import_module("shared.engine.model_runner").PINNED_INPUTS,
+        importlib.import_module("shared.engine.engine").IDS_BY_KERNEL,
     )
 
 
@@ -142,6 +144,9 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "argmax-two": {38},
         "tail-off": {36, 37, 38},
         "combine-loads-first": {39},
+        "inputs-copy": {40},
+        "ids-copy": {41},
+        "step-copies": {40, 41},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},

@@ -152,16 +152,25 @@ def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None
     assert replays["decode"] > 5 and replays["mixed"] == 0
 
 
-@pytest.mark.parametrize("staged", [True, False], ids=["staged", "copies"])
+@pytest.mark.parametrize(
+    ("staged", "pinned"), [(True, True), (True, False), (False, True)],
+    ids=["staged", "staged-copied", "copies"],
+)  # fmt: skip
 def test_cuda_graph_overlapped_steps_match_eager(
-    cuda: str, synthetic_dir: Path, staged: bool, monkeypatch: pytest.MonkeyPatch
+    cuda: str, synthetic_dir: Path, staged: bool, pinned: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Overlapped steps (the tokens in flight filled in on the device: by the graph's staged
     inputs, or with those off by the runner's index copy) through decode and mixed graphs give
-    the tokens of eager steps one at a time."""
+    the tokens of eager steps one at a time; with `pinned` the steps' inputs are built into
+    pinned memory (read there by the staging kernel, or copied from there without it) and the
+    sampled ids stored into pinned memory by a kernel, else both copied on the stream."""
     import shared.engine.cuda_graphs as cg
+    import shared.engine.engine as eng
+    import shared.engine.model_runner as mr
 
     monkeypatch.setattr(cg, "STAGED", staged)
+    monkeypatch.setattr(mr, "PINNED_INPUTS", pinned)
+    monkeypatch.setattr(eng, "IDS_BY_KERNEL", pinned)
     graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=96, overlap=True)
     assert replays["mixed"] > 5 and replays["decode"] > 5
     assert graphs == _generate_gemma3(cuda, synthetic_dir, graphs=False, budget=96)[0]

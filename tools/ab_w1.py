@@ -29,7 +29,10 @@ in a launch each, as before (as)); ``head-store-off`` (the LM head's logits in t
 activations' dtype, then converted to float32 by a launch, as before (as)); ``argmax-two``
 (greedy picks in two launches, as before (as)); ``tail-off`` (all three);
 ``combine-loads-first`` (on: the combine's sums loaded with its maxima, one round trip;
-lost in four-warp programs in (an), not yet timed in one-warp ones);
+lost in four-warp programs in (an), no change in one-warp ones in (at));
+``inputs-copy`` (a graph step's inputs copied to the device, not read by its staging kernel
+from pinned memory, as before (at)); ``ids-copy`` (the sampled ids copied to the host, not
+stored there by a kernel, as before (at)); ``step-copies`` (both);
 ``argmax-torch`` (greedy picks by torch.argmax); ``copies-apart`` (a step's inputs in one
 host->device copy each);
 ``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
@@ -288,6 +291,12 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     ),
     "combine-w4": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 4),),
     "combine-loads-first": (_off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),),
+    "inputs-copy": (_off("shared.engine.model_runner", "PINNED_INPUTS", False),),
+    "ids-copy": (_off("shared.engine.engine", "IDS_BY_KERNEL", False),),
+    "step-copies": (
+        _off("shared.engine.model_runner", "PINNED_INPUTS", False),
+        _off("shared.engine.engine", "IDS_BY_KERNEL", False),
+    ),
     "combine-w2": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 2),),
     "step-io-off": (
         _off("shared.engine.cuda_graphs", "STAGED", False),

@@ -21,8 +21,15 @@ from shared.engine.chunk_budget import ChunkBudget
 from shared.engine.model_runner import ModelRunner
 from shared.engine.scheduler import Scheduler
 from shared.engine.sequence import SeqStatus, Sequence, TokenEvent
+from shared.kernels.host_copy import copy_to_host
 from shared.kv.block_manager import BlockManager
 from shared.sampling import SampleOutput
+from shared.staging import PinnedRing
+
+# a step's sampled ids reach pinned host memory by a kernel's stores into a buffer of the
+# engine's PinnedRing, not by a device->host copy on the stream (host_copy); off: the copy
+# (tools/ab_w1 ids-copy)
+IDS_BY_KERNEL = True
 
 
 @dataclass
@@ -41,9 +48,10 @@ def _shape(work: list[tuple[Sequence, int]]) -> tuple[bool, int]:
     return any(n == 1 for _, n in work), sum(n for _, n in work if n > 1)
 
 
-def _to_host(out: SampleOutput) -> tuple[SampleOutput, torch.cuda.Event | None]:
+def _to_host(out: SampleOutput, ring: PinnedRing) -> tuple[SampleOutput, torch.cuda.Event | None]:
     """Start copying a step's results to pinned host memory; the event marks their arrival
-    (waiting on it does not wait for steps launched after this one)."""
+    (waiting on it does not wait for steps launched after this one). The token ids go into a
+    buffer of `ring` (IDS_BY_KERNEL), read on the host before the ring comes round to it."""
     if out.token_ids.device.type != "cuda":
         return out, None
 
@@ -53,9 +61,14 @@ def _to_host(out: SampleOutput) -> tuple[SampleOutput, torch.cuda.Event | None]:
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         return host.copy_(t, non_blocking=True)
 
-    host = SampleOutput(
-        copy(out.token_ids), copy(out.logprobs), copy(out.top_ids), copy(out.top_logprobs)
-    )
+    ids = out.token_ids
+    if IDS_BY_KERNEL:
+        buf = ring.take(ids.numel() * ids.element_size())
+        host_ids = copy_to_host(ids.contiguous(), buf.view(ids.dtype).view(ids.shape))
+        ring.read()
+    else:
+        host_ids = copy(ids)
+    host = SampleOutput(host_ids, copy(out.logprobs), copy(out.top_ids), copy(out.top_logprobs))
     ready = torch.cuda.Event()
     ready.record()
     return host, ready
@@ -86,6 +99,7 @@ class LLMEngine:
             ChunkBudget(step_target_ms, max_batch_tokens) if step_target_ms > 0 else None
         )
         self._resolved_at = 0.0  # when the last overlapped step's ids arrived
+        self._ids_ring = PinnedRing()  # pinned buffers the sampled ids are stored into
 
     @property
     def running(self) -> list[Sequence]:
@@ -139,7 +153,7 @@ class LLMEngine:
                 self._resolved_at = time.perf_counter()
             sampled, out = self.runner.run(work, prev.device_out if prev else None)
             if out is not None:
-                host, ready = _to_host(out)
+                host, ready = _to_host(out, self._ids_ring)
                 launched = _InFlight(sampled, out, host, ready, _shape(work))
         events = self._resolve(prev) if prev else []
         if work:

@@ -12,6 +12,12 @@ from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
 from shared.model.causal_lm import CausalLM
 from shared.sampling import SampleOutput, Sampler
+from shared.staging import PinnedRing
+
+# a step replayed from a CUDA graph is built into pinned host memory, which the graph's staging
+# kernel reads in place (staging.PinnedRing): no host->device copy on the stream; off: built by
+# one copy to the device, as an eager step is (tools/ab_w1 inputs-copy)
+PINNED_INPUTS = True
 
 
 class ModelRunner:
@@ -27,6 +33,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.sampler = Sampler()
         self.graphs = graphs  # steps replay CUDA graphs when given and one fits
+        self._inputs = PinnedRing()  # the steps' inputs, with graphs on a CUDA device
         # the last two steps (tokens, sequences, graph key or None), for stall logs
         self._runs: deque[tuple[int, int, tuple[str, int] | None]] = deque(maxlen=2)
 
@@ -62,9 +69,13 @@ class ModelRunner:
             from_prev.extend([-1] * n)
             if seq.num_inflight:
                 from_prev[end - 1], in_flight = seq.inflight_row, True
+        ring = self._inputs if self._reads_pinned() else None
         batch = ForwardBatch.build(
-            chunks, self.kv.block_size, self.device, from_prev if in_flight else ()
-        )
+            chunks, self.kv.block_size, self.device, from_prev if in_flight else (),
+            pinned=ring.take if ring is not None else None,
+        )  # fmt: skip
+        if ring is not None and not self.graphs.stages(batch):
+            batch = batch.on_device(self.device)  # an eager step's kernels read the device
         on_device = None  # (per-token rows, prev's tokens): filled in by the graph's staging
         if in_flight:
             if prev is None:
@@ -76,6 +87,8 @@ class ModelRunner:
                 taken = prev.token_ids.index_select(0, rows.clamp(min=0))
                 ids.copy_(torch.where(rows >= 0, taken, ids))
         logits = self.graphs.run(batch, on_device) if self.graphs is not None else None
+        if ring is not None:
+            ring.read()  # its reader (the staging kernel, or the copy) is queued
         key = self.graphs.last_key if logits is not None else None
         if logits is None:  # no graph fits this step
             logits = self.model(batch, self.kv)
@@ -90,6 +103,10 @@ class ModelRunner:
             [s.generator for s in sampled],
         )
         return sampled, out
+
+    def _reads_pinned(self) -> bool:
+        """Whether steps are built into pinned memory (graphs on a CUDA device)."""
+        return PINNED_INPUTS and self.graphs is not None and self.device.type == "cuda"
 
     @property
     def last_runs(self) -> str:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from shared.staging import to_device_packed
+from shared.staging import pack, to_device_packed, views
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class ForwardBatch:
     # logits_rows is every token in order (decode steps): the final norm reads x whole, no
     # gather launch
     all_rows: bool = False
+    # built into pinned host memory (build's `pinned`): (that buffer, its staging.pack layout),
+    # and the tensors above are its views until on_device copies it
+    packed: tuple | None = None
 
     @property
     def query_lens(self) -> list[int]:
@@ -59,9 +63,12 @@ class ForwardBatch:
         block_size: int,
         device: torch.device | str,
         extra: list[int] | tuple[int, ...] = (),
+        pinned: Callable[[int], torch.Tensor] | None = None,
     ) -> ForwardBatch:
         """The batch of `chunks` on `device`; `extra`: more int64 values the caller wants there
-        in the same copy (``ForwardBatch.extra``)."""
+        in the same copy (``ForwardBatch.extra``). pinned(nbytes) (a ``staging.PinnedRing``'s
+        take): the tensors are views of that pinned host buffer instead, for a kernel to read
+        in place (``stage_inputs``), or for ``on_device`` to copy."""
         ids: list[int] = []
         pos: list[int] = []
         slots: list[int] = []
@@ -87,12 +94,15 @@ class ForwardBatch:
         width = max((len(c.block_table) for c in chunks), default=0)
         tables = [b for c in chunks for b in (*c.block_table, *[0] * (width - len(c.block_table)))]
         i64, i32 = torch.int64, torch.int32
-        # one host->device copy for the step (the next step is built while this one runs)
-        ids_t, pos_t, slots_t, rows_t, extra_t, tables_t, starts_t, lens_t = to_device_packed(
-            [(ids, i64), (pos, i64), (slots, i64), (rows, i64), (list(extra), i64),
-             (tables, i32), (starts, i32), (seq_lens, i32)],
-            device,
-        )  # fmt: skip
+        parts = [(ids, i64), (pos, i64), (slots, i64), (rows, i64), (list(extra), i64),
+                 (tables, i32), (starts, i32), (seq_lens, i32)]  # fmt: skip
+        packed = None
+        if pinned is None:  # one host->device copy for the step (built while the last one runs)
+            tensors = to_device_packed(parts, device)
+        else:
+            packed = pack(parts, pinned)
+            tensors = views(*packed)
+        ids_t, pos_t, slots_t, rows_t, extra_t, tables_t, starts_t, lens_t = tensors
         return ForwardBatch(
             token_ids=ids_t,
             positions=pos_t,
@@ -107,4 +117,19 @@ class ForwardBatch:
             max_query_len=max((len(c.token_ids) for c in chunks), default=0),
             max_seq_len=max(seq_lens, default=0),
             all_rows=len(rows) == len(ids),  # rows rise within range(len(ids)): all of them
+            packed=packed,
         )
+
+    def on_device(self, device: torch.device | str) -> ForwardBatch:
+        """A batch built into pinned memory, copied to `device` in one copy (else itself)."""
+        if self.packed is None:
+            return self
+        buf, layout = self.packed
+        ids, pos, slots, rows, extra, tables, starts, lens = views(
+            buf.to(device, non_blocking=True), layout
+        )
+        return replace(
+            self, token_ids=ids, positions=pos, slot_mapping=slots, logits_rows=rows,
+            extra=extra, block_tables=tables.reshape(self.block_tables.shape),
+            query_start_loc_t=starts, seq_lens_t=lens, packed=None,
+        )  # fmt: skip

@@ -3,18 +3,30 @@ by a kernel, and pinned buffers handed out again only once their readers have ru
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from shared.kernels.host_copy import copy_to_host
 from shared.staging import PinnedRing
 
+CUDA = torch.cuda.is_available()
 
+
+@pytest.mark.skipif(
+    not CUDA and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
 @pytest.mark.parametrize("n", [1, 7, 1500])
 def test_copy_to_host_copies_every_value(n: int) -> None:
+    """Under the interpreter host to host; on a GPU the device's values into pinned memory."""
     src = torch.randint(-(1 << 40), 1 << 40, (n,), dtype=torch.int64)
     dst = torch.full((n,), -1, dtype=torch.int64)
-    assert copy_to_host(src, dst) is dst
+    dst = dst.pin_memory() if CUDA else dst
+    assert copy_to_host(src.cuda() if CUDA else src, dst) is dst
+    if CUDA:
+        torch.cuda.synchronize()
     assert torch.equal(dst, src)
 
 

@@ -34,6 +34,13 @@ def test_argmax_rows_equals_torch(dtype, n, counted):
         assert got.tolist() == want
         if counted:
             assert not counts.any()
+    # the picks stored into host memory too (pinned on a GPU: the step's ids, no copy)
+    host = torch.full((6,), -1, dtype=torch.int64)
+    host = host.pin_memory() if DEVICE == "cuda" else host
+    got = argmax_rows(x, counts, host)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    assert got.tolist() == want and host.tolist() == want
 
 
 def test_argmax_rows_on_a_strided_view_and_bad_input():
@@ -43,3 +50,7 @@ def test_argmax_rows_on_a_strided_view_and_bad_input():
         argmax_rows(torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="counts"):  # fewer counters than rows
         argmax_rows(x, torch.zeros(4, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="host"):  # a host tensor of the wrong shape or dtype
+        argmax_rows(x, None, torch.zeros(7, dtype=torch.int64))
+    with pytest.raises(ValueError, match="host"):
+        argmax_rows(x, None, torch.zeros(8, dtype=torch.int32))

@@ -209,8 +209,11 @@ def _separate_copies(parts, device):
     return [to_device(torch.tensor(values, dtype=dtype), device) for values, dtype in parts]
 
 
-def _torch_argmax(x, counts=None):
-    return x.argmax(dim=-1)
+def _torch_argmax(x, counts=None, host=None):
+    out = x.argmax(dim=-1)
+    if host is not None:  # argmax_rows stores its picks there too
+        host.copy_(out, non_blocking=True)
+    return out
 
 
 def _floor_splits(seqs: int, heads: int, max_kv_len: int, sms: int, tile_keys: int = 64) -> int:

@@ -104,14 +104,27 @@ def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90, rows: int
     return compiled["_rms_norm_kernel"]
 
 
-def compile_argmax(counted: bool, arch: int = 90) -> dict:
+def compile_argmax(counted: bool, arch: int = 90, host: bool = False) -> dict:
     """The greedy argmax as ``argmax_rows`` launches it for one row of Llama-3's 128,256
-    float32 logits: one counted launch, or the slices' launch and the pick's. {name: kernel}."""
+    float32 logits: one counted launch, or the slices' launch and the pick's; with host, its
+    picks stored into host memory too. {name: kernel}."""
     import shared.kernels.argmax as argmax
 
     with _compile_only(arch, argmax) as compiled:
         counts = torch.zeros(64, dtype=torch.int32) if counted else None
-        argmax.argmax_rows(torch.empty(1, 128256), counts)
+        ids = torch.zeros(1, dtype=torch.int64) if host else None
+        argmax.argmax_rows(torch.empty(1, 128256), counts, ids)
+    return compiled
+
+
+def compile_host_copy(arch: int = 90) -> dict:
+    """``copy_to_host`` of 64 int64 ids (a decode batch's sampled ids). {name: kernel}."""
+    import shared.kernels.host_copy as host_copy
+
+    with _compile_only(arch, host_copy) as compiled:
+        host_copy.copy_to_host(
+            torch.zeros(64, dtype=torch.int64), torch.zeros(64, dtype=torch.int64)
+        )
     return compiled
 
 

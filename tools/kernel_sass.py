@@ -37,6 +37,7 @@ from shared.quant import block_geometry
 from tools.compile_launches import (
     compile_argmax,
     compile_attention,
+    compile_host_copy,
     compile_norm,
     compile_pair,
     compile_rope_kv,
@@ -309,15 +310,21 @@ def main(argv: list[str] | None = None) -> int:
         build = functools.partial(compile_rope_kv, kv, args.arch)
         if not _report(f"RoPE + KV write, {kv}", build, args.check, args.arch, whole_stats):
             return 1
-    for counted, name in (
-        (True, "_slice_kernel"),
-        (False, "_slice_kernel"),
-        (False, "_pick_kernel"),
+    for counted, name, host in (
+        (True, "_slice_kernel", False),
+        (False, "_slice_kernel", False),
+        (False, "_pick_kernel", False),
+        (True, "_slice_kernel", True),
+        (False, "_pick_kernel", True),
     ):
         what = f"argmax {name}" + (", counted (one launch)" if counted else "")
-        build = lambda counted=counted, name=name: compile_argmax(counted, args.arch)[name]  # noqa: E731
+        what += ", picks stored to the host too" if host else ""
+        build = lambda c=counted, n=name, h=host: compile_argmax(c, args.arch, h)[n]  # noqa: E731
         if not _report(what, build, args.check, args.arch, whole_stats):
             return 1
+    build = lambda: compile_host_copy(args.arch)["_copy_kernel"]  # noqa: E731
+    if not _report("ids copied to the host", build, args.check, args.arch, whole_stats):
+        return 1
     for pair in ((T.Q4_K, T.Q6_K), (T.Q8_0, T.Q4_K)):
         build = functools.partial(compile_pair, pair, args.arch)
         what = f"rows GEMV pair {pair[0].name} + {pair[1].name}"

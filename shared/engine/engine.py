@@ -27,8 +27,8 @@ from shared.sampling import SampleOutput
 from shared.staging import PinnedRing
 
 # a step's sampled ids reach pinned host memory by a kernel's stores into a buffer of the
-# engine's PinnedRing, not by a device->host copy on the stream (host_copy); off: the copy
-# (tools/ab_w1 ids-copy)
+# engine's PinnedRing (the greedy argmax's own, else host_copy's), not by a device->host copy
+# on the stream; off: the copy (tools/ab_w1 ids-copy)
 IDS_BY_KERNEL = True
 
 
@@ -48,10 +48,13 @@ def _shape(work: list[tuple[Sequence, int]]) -> tuple[bool, int]:
     return any(n == 1 for _, n in work), sum(n for _, n in work if n > 1)
 
 
-def _to_host(out: SampleOutput, ring: PinnedRing) -> tuple[SampleOutput, torch.cuda.Event | None]:
+def _to_host(
+    out: SampleOutput, ids: torch.Tensor | None
+) -> tuple[SampleOutput, torch.cuda.Event | None]:
     """Start copying a step's results to pinned host memory; the event marks their arrival
-    (waiting on it does not wait for steps launched after this one). The token ids go into a
-    buffer of `ring` (IDS_BY_KERNEL), read on the host before the ring comes round to it."""
+    (waiting on it does not wait for steps launched after this one). ids: pinned int64 (a
+    PinnedRing's) for the token ids, where the argmax stored them already (out.host_ids) or a
+    kernel stores them now (IDS_BY_KERNEL); None: copied."""
     if out.token_ids.device.type != "cuda":
         return out, None
 
@@ -61,13 +64,12 @@ def _to_host(out: SampleOutput, ring: PinnedRing) -> tuple[SampleOutput, torch.c
         host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         return host.copy_(t, non_blocking=True)
 
-    ids = out.token_ids
-    if IDS_BY_KERNEL:
-        buf = ring.take(ids.numel() * ids.element_size())
-        host_ids = copy_to_host(ids.contiguous(), buf.view(ids.dtype).view(ids.shape))
-        ring.read()
+    if out.host_ids is not None:
+        host_ids = out.host_ids
+    elif ids is not None:
+        host_ids = copy_to_host(out.token_ids.contiguous(), ids[: out.token_ids.shape[0]])
     else:
-        host_ids = copy(ids)
+        host_ids = copy(out.token_ids)
     host = SampleOutput(host_ids, copy(out.logprobs), copy(out.top_ids), copy(out.top_logprobs))
     ready = torch.cuda.Event()
     ready.record()
@@ -151,10 +153,15 @@ class LLMEngine:
         if work:
             if prev is None:  # the pipeline (re)starts: time its first step from its launch
                 self._resolved_at = time.perf_counter()
-            sampled, out = self.runner.run(work, prev.device_out if prev else None)
+            ids = None  # where the step's ids go on the host (a buffer of the ring)
+            if IDS_BY_KERNEL and self.runner.device.type == "cuda":
+                ids = self._ids_ring.take(8 * len(work)).view(torch.int64)
+            sampled, out = self.runner.run(work, prev.device_out if prev else None, ids)
             if out is not None:
-                host, ready = _to_host(out, self._ids_ring)
+                host, ready = _to_host(out, ids)
                 launched = _InFlight(sampled, out, host, ready, _shape(work))
+            if ids is not None:
+                self._ids_ring.read()  # their writer is queued (or none was: no sampled rows)
         events = self._resolve(prev) if prev else []
         if work:
             self.scheduler.after_step(work)

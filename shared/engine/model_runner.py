@@ -38,14 +38,19 @@ class ModelRunner:
         self._runs: deque[tuple[int, int, tuple[str, int] | None]] = deque(maxlen=2)
 
     def run(
-        self, work: list[tuple[Sequence, int]], prev: SampleOutput | None = None
+        self,
+        work: list[tuple[Sequence, int]],
+        prev: SampleOutput | None = None,
+        host_ids: torch.Tensor | None = None,
     ) -> tuple[list[Sequence], SampleOutput | None]:
         """`work` lists (sequence, tokens to compute now). Sequences whose pending tokens all
         run in this step get a sampled token; the returned list names them in row order.
 
         `prev` is the output of the step still in flight (overlapped steps): a sequence whose
         last token it sampled (``num_inflight``) gets that token's id copied on the device from
-        row ``inflight_row`` of ``prev.token_ids``; nothing waits for the host."""
+        row ``inflight_row`` of ``prev.token_ids``; nothing waits for the host. host_ids:
+        pinned int64 of at least len(work) entries, which a greedy step's argmax stores its
+        picks into (``SampleOutput.host_ids``)."""
         chunks, sampled = [], []
         for seq, n in work:
             start = seq.num_computed
@@ -101,6 +106,7 @@ class ModelRunner:
             [s.prompt_ids for s in sampled],
             [s.output_ids for s in sampled],
             [s.generator for s in sampled],
+            host_ids[: len(sampled)] if host_ids is not None else None,
         )
         return sampled, out
 

@@ -7,6 +7,10 @@ buffer (``counts``, zeros, kept by the caller) it is one launch: each slice coun
 done and the row's last slice picks, then sets the count back to zero. The result is
 ``torch.argmax``'s: the first index of the maximum, NaN counting above every number (the
 first NaN wins), read in the logits' own dtype (any float; no float32 copy).
+
+``host``: the picks are also stored into that tensor by the same program (pinned host memory,
+mapped into the device's address space): the step's ids reach the host with no copy of their
+own (``engine.IDS_BY_KERNEL``).
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ def _first_max(vals, idx, BIG: tl.constexpr):
 
 @triton.jit
 def _slice_kernel(
-    x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, n, n_slices,
-    BLOCK: tl.constexpr, COUNTED: tl.constexpr = False, PICK: tl.constexpr = 16,
+    x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, n, n_slices, host_ptr=None,
+    BLOCK: tl.constexpr = 4096, COUNTED: tl.constexpr = False, PICK: tl.constexpr = 16,
+    HOST: tl.constexpr = False,
 ):  # fmt: skip
     """A slice's maximum and its first index; COUNTED: then the row's last slice to finish
     (by count_ptr[row]) picks among them into out_ptr[row]."""
@@ -49,12 +54,14 @@ def _slice_kernel(
         # release: the stores above are seen by the program that takes the last count (acquire)
         done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
         if done == n_slices - 1:
-            _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, PICK, ".cg")  # past L1: in L2
+            _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, PICK, ".cg",  # past L1: in L2
+                      host_ptr, HOST)  # fmt: skip
             tl.store(count_ptr + row, 0)  # every slice of this launch has counted: the next may
 
 
 @triton.jit
-def _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK: tl.constexpr, CACHE: tl.constexpr):
+def _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK: tl.constexpr, CACHE: tl.constexpr,
+              host_ptr=None, HOST: tl.constexpr = False):  # fmt: skip
     s = tl.arange(0, BLOCK)
     live = s < n_slices
     vals = tl.load(val_ptr + row * n_slices + s, mask=live, other=-float("inf"),
@@ -64,24 +71,35 @@ def _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK: tl.constexpr, CAC
     # row's first; an empty slice never exists (n_slices = cdiv(n, slice))
     _, first = _first_max(vals, at, 2147483647)
     tl.store(out_ptr + row, first.to(tl.int64))
+    if HOST:
+        tl.store(host_ptr + row, first.to(tl.int64))
 
 
 @triton.jit
-def _pick_kernel(val_ptr, idx_ptr, out_ptr, n_slices, BLOCK: tl.constexpr):
-    _pick_row(val_ptr, idx_ptr, out_ptr, tl.program_id(0).to(tl.int64), n_slices, BLOCK, "")
+def _pick_kernel(val_ptr, idx_ptr, out_ptr, n_slices, host_ptr, BLOCK: tl.constexpr,
+                 HOST: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK, "", host_ptr, HOST)
 
 
-def argmax_rows(x: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Tensor:
+def argmax_rows(
+    x: torch.Tensor, counts: torch.Tensor | None = None, host: torch.Tensor | None = None
+) -> torch.Tensor:
     """argmax over the last dim of a [B, V] float tensor: [B] int64. counts: int32 zeros of
     at least B entries on x's device, which launches of one stream share (one launch, which
-    leaves them zero), or None (two launches)."""
+    leaves them zero), or None (two launches). host: a contiguous [B] int64 tensor the picks
+    are stored into as well (pinned host memory, the device's own, or on the CPU x's)."""
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"argmax_rows: a [B, V] float tensor, got {x.dtype} {tuple(x.shape)}")
+    if host is not None and (
+        host.shape != (x.shape[0],) or host.dtype != torch.int64 or not host.is_contiguous()
+    ):
+        raise ValueError(f"argmax_rows: host must be a contiguous [{x.shape[0]}] int64 tensor")
     if x.stride(1) != 1:
         x = x.contiguous()
     rows, n = x.shape
     if n == 0 or rows == 0:
-        return x.argmax(dim=-1)
+        return x.argmax(dim=-1)  # (no rows: nothing to store; an empty row: torch's error)
     n_slices = triton.cdiv(n, _SLICE)
     vals = torch.empty(rows, n_slices, dtype=torch.float32, device=x.device)
     idx = torch.empty(rows, n_slices, dtype=torch.int32, device=x.device)
@@ -91,11 +109,12 @@ def argmax_rows(x: torch.Tensor, counts: torch.Tensor | None = None) -> torch.Te
         if counts.dtype != torch.int32 or counts.numel() < rows or counts.device != x.device:
             raise ValueError(f"argmax_rows: counts must be {rows}+ int32 on {x.device}")
         _slice_kernel[(rows, n_slices)](
-            x, vals, idx, counts, out, x.stride(0), n, n_slices, BLOCK=_SLICE, COUNTED=True,
-            PICK=pick, num_warps=8,
+            x, vals, idx, counts, out, x.stride(0), n, n_slices, host, BLOCK=_SLICE,
+            COUNTED=True, PICK=pick, HOST=host is not None, num_warps=8,
         )  # fmt: skip
         return out
     _slice_kernel[(rows, n_slices)](x, vals, idx, None, None, x.stride(0), n, n_slices,
                                     BLOCK=_SLICE, num_warps=8)  # fmt: skip
-    _pick_kernel[(rows,)](vals, idx, out, n_slices, BLOCK=pick, num_warps=1)
+    _pick_kernel[(rows,)](vals, idx, out, n_slices, host, BLOCK=pick, HOST=host is not None,
+                          num_warps=1)  # fmt: skip
     return out

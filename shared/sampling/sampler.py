@@ -39,6 +39,9 @@ class SampleOutput:
     logprobs: torch.Tensor | None = None  # [B] float32, the chosen tokens' (if any row asked)
     top_ids: torch.Tensor | None = None  # [B, K] int64, K = max logprobs asked in batch
     top_logprobs: torch.Tensor | None = None  # [B, K] float32, sorted descending
+    # [B] int64 in pinned host memory: token_ids stored there by the argmax itself (sample's
+    # host_ids), valid once the stream has passed it; None: not stored (a caller copies them)
+    host_ids: torch.Tensor | None = None
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
@@ -120,17 +123,18 @@ class Sampler:
     def __init__(self) -> None:
         self._counts: dict[torch.device, torch.Tensor] = {}
 
-    def argmax(self, x: torch.Tensor) -> torch.Tensor:
-        """torch.argmax over the last dim (the first index of the maximum); one launch on a GPU."""
+    def argmax(self, x: torch.Tensor, host: torch.Tensor | None = None) -> torch.Tensor:
+        """torch.argmax over the last dim (the first index of the maximum); one launch on a GPU,
+        which with `host` (pinned [B] int64) also stores the picks there."""
         if not x.is_cuda:
             return x.argmax(dim=-1)
         if not COUNTED_ARGMAX:
-            return argmax_rows(x)
+            return argmax_rows(x, None, host)
         counts = self._counts.get(x.device)
         if counts is None or counts.numel() < x.shape[0]:
             counts = torch.zeros(max(64, x.shape[0]), dtype=torch.int32, device=x.device)
             self._counts[x.device] = counts
-        return argmax_rows(x, counts)
+        return argmax_rows(x, counts, host)
 
     def sample(
         self,
@@ -139,7 +143,10 @@ class Sampler:
         prompt_ids: list[list[int]],
         output_ids: list[list[int]],
         generators: list[torch.Generator | None],
+        host_ids: torch.Tensor | None = None,
     ) -> SampleOutput:
+        """host_ids: pinned [B] int64 the greedy picks are stored into by the argmax's own
+        launch, on a GPU when every row is greedy (then SampleOutput.host_ids is it)."""
         if logits.dim() != 2:
             raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
         batch, vocab = logits.shape
@@ -156,10 +163,12 @@ class Sampler:
             x = apply_penalties(logits, params, prompt_ids, output_ids)
         else:
             x = logits
+        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        if random_rows or not x.is_cuda:
+            host_ids = None
         # the first maximum, so greedy ties go to the lowest id; in the logits' dtype (its
         # float32 copy, below, is made only for what needs it)
-        tokens = self.argmax(x)
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
+        tokens = self.argmax(x, host_ids)
         asked = [p.logprobs for p in params if p.logprobs is not None]
         if random_rows or asked:
             x = x.float()
@@ -176,7 +185,7 @@ class Sampler:
                 tokens = tokens.index_put((idx,), sub)
 
         if not asked:  # a [B, V] reduction (two launches, ~70 us at batch 1) nobody reads
-            return SampleOutput(token_ids=tokens)
+            return SampleOutput(token_ids=tokens, host_ids=host_ids)
         # logit - logsumexp == log_softmax, without materializing a [B, V] tensor.
         lse = torch.logsumexp(x, dim=-1)
         chosen = x.gather(1, tokens.unsqueeze(1)).squeeze(1) - lse
@@ -186,6 +195,7 @@ class Sampler:
             logprobs=chosen,
             top_ids=top_ids,
             top_logprobs=top_vals - lse.unsqueeze(1),
+            host_ids=host_ids,
         )
 
     @staticmethod

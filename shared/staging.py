@@ -88,10 +88,11 @@ class PinnedRing:
         self._next = (i + 1) % len(self._bufs)
         return buf[:nbytes]
 
-    def read(self) -> None:
+    def read(self, event: torch.cuda.Event | None = None) -> None:
         """The last taken buffer's readers are launched on the current stream: record when the
-        stream is past them."""
+        stream is past them (or take `event`, recorded there after them: one record fewer)."""
         if self._taken is not None:
-            ev = torch.cuda.Event()
-            ev.record()
-            self._done[self._taken], self._taken = ev, None
+            if event is None:
+                event = torch.cuda.Event()
+                event.record()
+            self._done[self._taken], self._taken = event, None

@@ -84,6 +84,7 @@ def _state() -> tuple:
         pa._COMBINE_LOADS_FIRST,
         importlib.import_module("shared.engine.model_runner").PINNED_INPUTS,
         importlib.import_module("shared.engine.engine").IDS_BY_KERNEL,
+        importlib.import_module("shared.kernels.stage_inputs").EARLY,
     )
 
 
@@ -147,6 +148,7 @@ def test_variants_switch_one_thing_each_and_restore_it() -> None:
         "inputs-copy": {40},
         "ids-copy": {41},
         "step-copies": {40, 41},
+        "stage-late": {42},
         "qkv-late-q4k": {26},
         "qkv-late-pair": {26},
         "qkv-late-q8": {26},

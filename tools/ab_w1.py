@@ -32,7 +32,8 @@ activations' dtype, then converted to float32 by a launch, as before (as)); ``ar
 lost in four-warp programs in (an), no change in one-warp ones in (at));
 ``inputs-copy`` (a graph step's inputs copied to the device, not read by its staging kernel
 from pinned memory, as before (at)); ``ids-copy`` (the sampled ids copied to the host, not
-stored there by a kernel, as before (at)); ``step-copies`` (both);
+stored there by a kernel, as before (at)); ``step-copies`` (both); ``stage-late`` (a graph
+step's staging kernel launched after the greedy argmax, not early beside it, as before (at));
 ``argmax-torch`` (greedy picks by torch.argmax); ``copies-apart`` (a step's inputs in one
 host->device copy each);
 ``prefetch-off`` (decode attention loads its first key tile after wait_prev, as before (ab));
@@ -296,6 +297,7 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
     "combine-loads-first": (_off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),),
     "inputs-copy": (_off("shared.engine.model_runner", "PINNED_INPUTS", False),),
     "ids-copy": (_off("shared.engine.engine", "IDS_BY_KERNEL", False),),
+    "stage-late": (_off("shared.kernels.stage_inputs", "EARLY", False),),
     "step-copies": (
         _off("shared.engine.model_runner", "PINNED_INPUTS", False),
         _off("shared.engine.engine", "IDS_BY_KERNEL", False),

@@ -117,6 +117,25 @@ def compile_argmax(counted: bool, arch: int = 90, host: bool = False) -> dict:
     return compiled
 
 
+def compile_stage(fill: bool, arch: int = 90) -> dict:
+    """``stage_inputs`` as a decode graph of 8 tokens takes a step of 8 sequences (blocks of
+    16, 40 a table), with the tokens in flight filled in or not. {name: kernel}."""
+    import shared.kernels.stage_inputs as stage
+
+    i64, i32 = torch.int64, torch.int32
+    src = {"token_ids": torch.zeros(8, dtype=i64), "positions": torch.zeros(8, dtype=i64),
+           "slot_mapping": torch.zeros(8, dtype=i64), "block_tables": torch.zeros(8, 40, dtype=i32),
+           "query_start_loc": torch.zeros(9, dtype=i32), "seq_lens": torch.zeros(8, dtype=i32),
+           "logits_rows": torch.zeros(8, dtype=i64)}  # fmt: skip
+    dst = {k: torch.zeros_like(v) for k, v in src.items()}
+    dst["block_tables"] = torch.zeros(64, 256, dtype=i32)
+    dst["attn_splits"] = torch.zeros(1, dtype=i32)
+    with _compile_only(arch, stage) as compiled:
+        fills = (torch.zeros(8, dtype=i64), torch.zeros(8, dtype=i64)) if fill else None
+        stage.stage_inputs(src, dst, 8, 8, fill=fills)
+    return compiled
+
+
 def compile_host_copy(arch: int = 90) -> dict:
     """``copy_to_host`` of 64 int64 ids (a decode batch's sampled ids). {name: kernel}."""
     import shared.kernels.host_copy as host_copy

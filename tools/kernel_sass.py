@@ -41,6 +41,7 @@ from tools.compile_launches import (
     compile_norm,
     compile_pair,
     compile_rope_kv,
+    compile_stage,
 )
 
 _TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
@@ -325,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     build = lambda: compile_host_copy(args.arch)["_copy_kernel"]  # noqa: E731
     if not _report("ids copied to the host", build, args.check, args.arch, whole_stats):
         return 1
+    for fill in (False, True):
+        build = lambda f=fill: compile_stage(f, args.arch)["_stage_kernel"]  # noqa: E731
+        what = "a graph step's inputs staged" + (", tokens in flight filled in" if fill else "")
+        if not _report(what, build, args.check, args.arch, whole_stats):
+            return 1
     for pair in ((T.Q4_K, T.Q6_K), (T.Q8_0, T.Q4_K)):
         build = functools.partial(compile_pair, pair, args.arch)
         what = f"rows GEMV pair {pair[0].name} + {pair[1].name}"

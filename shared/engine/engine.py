@@ -157,11 +157,12 @@ class LLMEngine:
             if IDS_BY_KERNEL and self.runner.device.type == "cuda":
                 ids = self._ids_ring.take(8 * len(work)).view(torch.int64)
             sampled, out = self.runner.run(work, prev.device_out if prev else None, ids)
+            ready = None
             if out is not None:
                 host, ready = _to_host(out, ids)
                 launched = _InFlight(sampled, out, host, ready, _shape(work))
-            if ids is not None:
-                self._ids_ring.read()  # their writer is queued (or none was: no sampled rows)
+            if ids is not None:  # their writer is queued (or none was: no sampled rows)
+                self._ids_ring.read(ready)
         events = self._resolve(prev) if prev else []
         if work:
             self.scheduler.after_step(work)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from shared.kernels.gdc import launch_next, pdl
+
 _SLICE = 4096  # entries a program reads
 
 
@@ -38,10 +40,12 @@ def _first_max(vals, idx, BIG: tl.constexpr):
 def _slice_kernel(
     x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, n, n_slices, host_ptr=None,
     BLOCK: tl.constexpr = 4096, COUNTED: tl.constexpr = False, PICK: tl.constexpr = 16,
-    HOST: tl.constexpr = False,
+    HOST: tl.constexpr = False, NEXT: tl.constexpr = False,
 ):  # fmt: skip
     """A slice's maximum and its first index; COUNTED: then the row's last slice to finish
-    (by count_ptr[row]) picks among them into out_ptr[row]."""
+    (by count_ptr[row]) picks among them into out_ptr[row]. NEXT: the next kernel's programs
+    may start (gdc; this one is launched after the kernel before it, as usual)."""
+    launch_next(NEXT)
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     idx = s * BLOCK + tl.arange(0, BLOCK)
@@ -110,7 +114,8 @@ def argmax_rows(
             raise ValueError(f"argmax_rows: counts must be {rows}+ int32 on {x.device}")
         _slice_kernel[(rows, n_slices)](
             x, vals, idx, counts, out, x.stride(0), n, n_slices, host, BLOCK=_SLICE,
-            COUNTED=True, PICK=pick, HOST=host is not None, num_warps=8,
+            COUNTED=True, PICK=pick, HOST=host is not None, NEXT=pdl(x.device, _slice_kernel),
+            num_warps=8,
         )  # fmt: skip
         return out
     _slice_kernel[(rows, n_slices)](x, vals, idx, None, None, x.stride(0), n, n_slices,

@@ -16,7 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
+from shared.kernels.gdc import launch_kw, pdl, wait_prev
+
 __all__ = ["stage_inputs"]
+
+# launched early (gdc): the step's inputs read while the kernel before it (the last step's
+# greedy argmax, which lets it in first thing) ends, the rest after its wait; off: launched
+# after that kernel (tools/ab_w1 stage-late)
+EARLY = True
 
 _BLOCK = 256
 _SEGMENTS = 8  # token ids, positions, slots, logits rows, block tables, starts, lengths, splits
@@ -30,34 +37,52 @@ def _stage_kernel(
     prev_ptr,  # [*] int64: the previous step's sampled tokens (FILL)
     tok_dst, pos_dst, slot_dst, rows_dst, table_dst, starts_dst, lens_dst, splits_dst,
     n, b, rows, rows_pad, seqs, s_pad, w, stride, splits,
-    FILL: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+    FILL: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    # PDL: the step's own inputs (host memory, or a copy no kernel writes) are read while the
+    # kernel before ends; the previous step's tokens and every store wait for it (wait_prev)
     seg = tl.program_id(0)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     if seg == 0:  # token ids: padding tokens are token 0
         v = tl.load(tok_src + i, mask=i < n, other=0)
         if FILL:
             f = tl.load(fill_src + i, mask=i < n, other=-1)
+            wait_prev(PDL)
             v = tl.where(f >= 0, tl.load(prev_ptr + f, mask=f >= 0, other=0), v)
+        else:
+            wait_prev(PDL)
         tl.store(tok_dst + i, v, mask=i < b)
     elif seg == 1:  # positions: padding at position 0
-        tl.store(pos_dst + i, tl.load(pos_src + i, mask=i < n, other=0), mask=i < b)
+        v1 = tl.load(pos_src + i, mask=i < n, other=0)
+        wait_prev(PDL)
+        tl.store(pos_dst + i, v1, mask=i < b)
     elif seg == 2:  # KV slots: padding writes nothing
-        tl.store(slot_dst + i, tl.load(slot_src + i, mask=i < n, other=-1), mask=i < b)
+        v2 = tl.load(slot_src + i, mask=i < n, other=-1)
+        wait_prev(PDL)
+        tl.store(slot_dst + i, v2, mask=i < b)
     elif seg == 3:  # a mixed step's logits rows: padding repeats row 0
-        tl.store(rows_dst + i, tl.load(rows_src + i, mask=i < rows, other=0), mask=i < rows_pad)
+        v3 = tl.load(rows_src + i, mask=i < rows, other=0)
+        wait_prev(PDL)
+        tl.store(rows_dst + i, v3, mask=i < rows_pad)
     elif seg == 4:  # block tables: the step's seqs rows of w blocks (the rest is never read)
         ok = i < seqs * w
         r = i // w
         c = i % w
-        tl.store(table_dst + r.to(tl.int64) * stride + c, tl.load(table_src + i, mask=ok), mask=ok)
+        v4 = tl.load(table_src + i, mask=ok)
+        wait_prev(PDL)
+        tl.store(table_dst + r.to(tl.int64) * stride + c, v4, mask=ok)
     elif seg == 5:  # sequence starts: padding sequences start (and end) at the token count
-        v = tl.load(starts_src + i, mask=i <= seqs, other=0)
-        tl.store(starts_dst + i, tl.where(i <= seqs, v, n), mask=i <= s_pad)
+        v5 = tl.load(starts_src + i, mask=i <= seqs, other=0)
+        wait_prev(PDL)
+        tl.store(starts_dst + i, tl.where(i <= seqs, v5, n), mask=i <= s_pad)
     elif seg == 6:  # sequence lengths: padding sequences are empty
-        tl.store(lens_dst + i, tl.load(lens_src + i, mask=i < seqs, other=0), mask=i < s_pad)
-    elif SPLITS:  # a mixed step's attention slices, read by its graph on the device
-        tl.store(splits_dst + i, tl.zeros_like(i) + splits, mask=i < 1)
+        v6 = tl.load(lens_src + i, mask=i < seqs, other=0)
+        wait_prev(PDL)
+        tl.store(lens_dst + i, v6, mask=i < s_pad)
+    else:
+        wait_prev(PDL)
+        if SPLITS:  # a mixed step's attention slices, read by its graph on the device
+            tl.store(splits_dst + i, tl.zeros_like(i) + splits, mask=i < 1)
 
 
 def stage_inputs(
@@ -85,6 +110,7 @@ def stage_inputs(
     fill_src, prev = fill if fill is not None else (src["token_ids"], src["token_ids"])
     longest = max(b, rows_pad, seqs * w, s_pad + 1, 1)
     grid = (_SEGMENTS, triton.cdiv(longest, _BLOCK))
+    early = EARLY and pdl(dt.device, _stage_kernel)
     _stage_kernel[grid](
         src["token_ids"], src["positions"], src["slot_mapping"],
         src["logits_rows"] if rows_pad else src["token_ids"], table,
@@ -93,5 +119,5 @@ def stage_inputs(
         dst["logits_rows"] if rows_pad else dst["token_ids"], dt,
         dst["query_start_loc"], dst["seq_lens"], dst["attn_splits"],
         n, b, rows, rows_pad, seqs, s_pad, w, dt.stride(0), splits,
-        FILL=fill is not None, SPLITS=splits > 0, BLOCK=_BLOCK,
+        FILL=fill is not None, SPLITS=splits > 0, BLOCK=_BLOCK, PDL=early, **launch_kw(early),
     )  # fmt: skip

@@ -213,27 +213,3 @@ def run_kernel_int8(batch, layout, **kw) -> tuple[torch.Tensor, dict]:
         torch.tensor(batch.query_start_loc, **i32), torch.tensor(batch.seq_lens, **i32), 0.125,
         max_query_len=1, int8_layout=layout, **kw,
     )  # fmt: skip
-
-
-@pytest.mark.parametrize("name", ["decode", "mixed"])
-def test_combine_loads_first_changes_no_bit(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """``_COMBINE_LOADS_FIRST`` only moves the combine's loads: its output is bit for bit the
-    default's, with the split count fixed at launch and read on the device, and one token's
-    int8 rounding for the next GEMV too."""
-    batch = make_batch(*scenario(name), n_heads=4, n_kv_heads=1, head_dim=64, block_size=8)
-    one = make_batch([1], [300], n_heads=4, n_kv_heads=1, head_dim=64, block_size=8)
-    t = torch.tensor([3], dtype=torch.int32, device=DEVICE)
-
-    def run() -> list[torch.Tensor]:
-        fixed = run_kernel(batch, 0.1, num_splits=3)
-        dynamic = run_kernel(batch, 0.1, num_splits=4, num_splits_t=t)
-        out, rounded = run_kernel_int8(one, (32, 8), num_splits=4)
-        return [fixed, dynamic, out, *rounded[(32, 8)]]
-
-    monkeypatch.setattr(pa, "_COMBINE_LOADS_FIRST", False)
-    before = run()
-    monkeypatch.setattr(pa, "_COMBINE_LOADS_FIRST", True)
-    after = run()
-    assert len(after) == 6
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
-    assert_close(after[0], reference(batch, 0.1), TOL[F32])

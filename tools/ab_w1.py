@@ -28,8 +28,6 @@ copied into the graph's buffer, and decode steps' final norm through a gather, a
 in a launch each, as before (as)); ``head-store-off`` (the LM head's logits in the
 activations' dtype, then converted to float32 by a launch, as before (as)); ``argmax-two``
 (greedy picks in two launches, as before (as)); ``tail-off`` (all three);
-``combine-loads-first`` (on: the combine's sums loaded with its maxima, one round trip;
-lost in four-warp programs in (an), no change in one-warp ones in (at));
 ``inputs-copy`` (a graph step's inputs copied to the device, not read by its staging kernel
 from pinned memory, as before (at)); ``ids-copy`` (the sampled ids copied to the host, not
 stored there by a kernel, as before (at)); ``step-copies`` (both); ``stage-late`` (a graph
@@ -294,7 +292,6 @@ VARIANTS: dict[str, tuple[Callable[[], object], ...]] = {
         _off("shared.sampling.sampler", "COUNTED_ARGMAX", False),
     ),
     "combine-w4": (_off("shared.kernels.paged_attention", "_COMBINE_WARPS", 4),),
-    "combine-loads-first": (_off("shared.kernels.paged_attention", "_COMBINE_LOADS_FIRST", True),),
     "inputs-copy": (_off("shared.engine.model_runner", "PINNED_INPUTS", False),),
     "ids-copy": (_off("shared.engine.engine", "IDS_BY_KERNEL", False),),
     "stage-late": (_off("shared.kernels.stage_inputs", "EARLY", False),),

@@ -71,11 +71,6 @@ _KV_EVICT = ""
 # 2026-12-03 (ar)), against Triton's default 4: Q4_K_M +1.0 / +1.0 %, Q6_K +1.1 %, Q8_0 +1.4 %;
 # 2 warps lost (-1.0 / -0.8 %)
 _COMBINE_WARPS = 1
-# the combine's loads in one memory round trip: the slices' sums issued with their maxima
-# (volatile, so not sunk). sm_90 at one warp: the sums' 32 128-bit loads wait for the maxima's
-# shuffles (two round trips). It lost in four-warp programs (BENCHMARKS.md 2026-12-02 (an):
-# -0.1 to -0.9 %); off until timed in one-warp programs (ab_w1 combine-loads-first)
-_COMBINE_LOADS_FIRST = False
 
 
 def _native_fp8(device: torch.device) -> bool:
@@ -331,7 +326,6 @@ def paged_attention(
             G=g,
             PROBE=probe is not None,
             probe_ptr=probe,
-            LOADS_FIRST=_COMBINE_LOADS_FIRST,
             num_warps=_COMBINE_WARPS,
             **launch_kw(early),
         )  # fmt: skip

@@ -43,7 +43,6 @@ def _combine_splits_kernel(
     G: tl.constexpr = 8,
     PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
     probe_ptr=None,
-    LOADS_FIRST: tl.constexpr = False,  # the slices' sums issued with their maxima (volatile)
 ):
     if PROBE:
         g0, c0 = probe.now(0)
@@ -65,16 +64,12 @@ def _combine_splits_kernel(
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     pm_off = s * stride_pm_s + token * stride_pm_t + head * stride_pm_h
-    pa_off = s[:, None] * stride_pa_s + token * stride_pa_t + head * stride_pa_h + d[None, :]
-    pa_ok = s_ok[:, None] & d_ok[None, :]
-    if LOADS_FIRST:  # one round trip: not the maxima's, then (after their shuffles) the sums'
-        acc = tl.load(part_acc_ptr + pa_off, mask=pa_ok, other=0.0, volatile=True)
-    m = tl.load(part_m_ptr + pm_off, mask=s_ok, other=float("-inf"), volatile=LOADS_FIRST)
-    l_s = tl.load(part_l_ptr + pm_off, mask=s_ok, other=0.0, volatile=LOADS_FIRST)
+    m = tl.load(part_m_ptr + pm_off, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + pm_off, mask=s_ok, other=0.0)
     m_max = tl.max(m, 0)
     w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # empty slices weigh 0
-    if not LOADS_FIRST:
-        acc = tl.load(part_acc_ptr + pa_off, mask=pa_ok, other=0.0)
+    pa_off = s[:, None] * stride_pa_s + token * stride_pa_t + head * stride_pa_h + d[None, :]
+    acc = tl.load(part_acc_ptr + pa_off, mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
     o = to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED)
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + d, o, mask=d_ok)

@@ -28,7 +28,9 @@ from shared.staging import PinnedRing
 
 # a step's sampled ids reach pinned host memory by a kernel's stores into a buffer of the
 # engine's PinnedRing (the greedy argmax's own, else host_copy's), not by a device->host copy
-# on the stream; off: the copy (tools/ab_w1 ids-copy)
+# on the stream; off: the copy (tools/ab_w1 ids-copy). H200, W1 (BENCHMARKS.md 2026-12-03 (at)):
+# with the pinned inputs, against both copies, +0.2 to +0.6 % (call 2, the copy kernel); the
+# argmax's own stores against the copy, Q6_K +0.4 / +0.2 % (call 6)
 IDS_BY_KERNEL = True
 
 

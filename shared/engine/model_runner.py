@@ -16,7 +16,9 @@ from shared.staging import PinnedRing
 
 # a step replayed from a CUDA graph is built into pinned host memory, which the graph's staging
 # kernel reads in place (staging.PinnedRing): no host->device copy on the stream; off: built by
-# one copy to the device, as an eager step is (tools/ab_w1 inputs-copy)
+# one copy to the device, as an eager step is (tools/ab_w1 inputs-copy). H200, W1, two rounds
+# (BENCHMARKS.md 2026-12-03 (at) call 2, with the ids' copy kernel, against both copies):
+# Q4_K_M +0.6 / +0.4 %, Q6_K +0.4 / +0.3 %, Q8_0 +0.2 / +0.3 %
 PINNED_INPUTS = True
 
 

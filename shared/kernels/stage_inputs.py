@@ -6,8 +6,9 @@ captured on. Copying each in, padding each tail and filling in the tokens still 
 took 8-12 small launches a step, each a kernel boundary on the stream between two graphs
 (about 2 µs apiece in a batch-1 step of the H200, BENCHMARKS.md 2026-12-03 (ar)). Here one
 program a (buffer, block of elements) does all of it: the real values from the step's packed
-device copy (``ForwardBatch.build``), the padding values past them, and a token whose id the
-previous step sampled (overlapped steps) read from that step's output on the device.
+inputs (``ForwardBatch.build``: read in place from pinned host memory, or from their device
+copy), the padding values past them, and a token whose id the previous step sampled
+(overlapped steps) read from that step's output on the device.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ __all__ = ["stage_inputs"]
 
 # launched early (gdc): the step's inputs read while the kernel before it (the last step's
 # greedy argmax, which lets it in first thing) ends, the rest after its wait; off: launched
-# after that kernel (tools/ab_w1 stage-late)
+# after that kernel (tools/ab_w1 stage-late). H200, W1 (BENCHMARKS.md 2026-12-03 (at)): Q4_K_M
+# +0.7 / +0.4 % (call 3) and +0.5 / +0.2 / +0.3 % (call 7), Q8_0 +0.4 / +0.4 / +0.3 % (call 7),
+# but Q6_K -0.8 / -1.3 % (call 6; why is not known)
 EARLY = True
 
 _BLOCK = 256

@@ -81,13 +81,14 @@ class ModelRunner:
             chunks, self.kv.block_size, self.device, from_prev if in_flight else (),
             pinned=ring.take if ring is not None else None,
         )  # fmt: skip
-        if ring is not None and not self.graphs.stages(batch):
+        staged = self.graphs is not None and self.graphs.stages(batch)
+        if ring is not None and not staged:
             batch = batch.on_device(self.device)  # an eager step's kernels read the device
         on_device = None  # (per-token rows, prev's tokens): filled in by the graph's staging
         if in_flight:
             if prev is None:
                 raise ValueError("a sequence has a token in flight but no previous output given")
-            if self.graphs is not None and self.graphs.stages(batch):
+            if staged:
                 on_device = (batch.extra, prev.token_ids)
             else:
                 ids, rows = batch.token_ids, batch.extra

@@ -50,10 +50,9 @@ def _stage_kernel(
         v = tl.load(tok_src + i, mask=i < n, other=0)
         if FILL:
             f = tl.load(fill_src + i, mask=i < n, other=-1)
-            wait_prev(PDL)
+        wait_prev(PDL)
+        if FILL:
             v = tl.where(f >= 0, tl.load(prev_ptr + f, mask=f >= 0, other=0), v)
-        else:
-            wait_prev(PDL)
         tl.store(tok_dst + i, v, mask=i < b)
     elif seg == 1:  # positions: padding at position 0
         v1 = tl.load(pos_src + i, mask=i < n, other=0)

@@ -102,18 +102,10 @@ class ForwardBatch:
         else:
             packed = pack(parts, pinned)
             tensors = views(*packed)
-        ids_t, pos_t, slots_t, rows_t, extra_t, tables_t, starts_t, lens_t = tensors
         return ForwardBatch(
-            token_ids=ids_t,
-            positions=pos_t,
-            slot_mapping=slots_t,
-            block_tables=tables_t.reshape(len(chunks), width),
+            **_packed_fields(tensors, len(chunks), width),
             query_start_loc=starts,
             seq_lens=seq_lens,
-            logits_rows=rows_t,
-            query_start_loc_t=starts_t,
-            seq_lens_t=lens_t,
-            extra=extra_t,
             max_query_len=max((len(c.token_ids) for c in chunks), default=0),
             max_seq_len=max(seq_lens, default=0),
             all_rows=len(rows) == len(ids),  # rows rise within range(len(ids)): all of them
@@ -125,11 +117,17 @@ class ForwardBatch:
         if self.packed is None:
             return self
         buf, layout = self.packed
-        ids, pos, slots, rows, extra, tables, starts, lens = views(
-            buf.to(device, non_blocking=True), layout
-        )
-        return replace(
-            self, token_ids=ids, positions=pos, slot_mapping=slots, logits_rows=rows,
-            extra=extra, block_tables=tables.reshape(self.block_tables.shape),
-            query_start_loc_t=starts, seq_lens_t=lens, packed=None,
-        )  # fmt: skip
+        tensors = views(buf.to(device, non_blocking=True), layout)
+        return replace(self, **_packed_fields(tensors, *self.block_tables.shape), packed=None)
+
+
+# the fields build packs into one buffer, in the order of its parts
+_PACKED = ("token_ids", "positions", "slot_mapping", "logits_rows", "extra", "block_tables",
+           "query_start_loc_t", "seq_lens_t")  # fmt: skip
+
+
+def _packed_fields(tensors: list[torch.Tensor], seqs: int, width: int) -> dict:
+    """The views of build's packed parts by field name, the block tables [seqs, width]."""
+    fields = dict(zip(_PACKED, tensors, strict=True))
+    fields["block_tables"] = fields["block_tables"].reshape(seqs, width)
+    return fields

@@ -9,6 +9,10 @@ PORT ?= 8000
 DEVICES ?= auto
 # CPU machines take the CPU wheel; a bare `torch` would pull several GB of CUDA.
 TORCH ?= torch==2.13.0
+# The GPU machine's Triton; on CPU machines its interpreter runs the kernels in the tests.
+TRITON ?= triton==3.6.0
+# pytest's workers: one per core (pytest-xdist)
+JOBS ?= auto
 # Two stamps: serving needs only the runtime; the tests add the oracles (llama.cpp, openai).
 RUNTIME_STAMP := $(VENV)/.skiff-runtime
 STAMP := $(VENV)/.skiff-installed
@@ -18,7 +22,7 @@ STAMP := $(VENV)/.skiff-installed
 $(RUNTIME_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q "$(TORCH)" "$(TRITON)"
 	$(PY) -m pip install -q -e .
 	touch $@
 
@@ -47,7 +51,8 @@ lint: $(STAMP)
 
 pytest: $(STAMP) models
 	# Triton kernels run on the CPU under the interpreter (small shapes); natively on a GPU
-	TRITON_INTERPRET=1 SKIFF_MODELS_DIR=$(MODELS) $(PY) -m pytest -q -p no:cacheprovider
+	TRITON_INTERPRET=1 SKIFF_MODELS_DIR=$(MODELS) $(PY) -m pytest -q -p no:cacheprovider \
+	  -n $(JOBS) --durations=25
 
 test: lint pytest
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
-from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
+from shared.kernels.qmatmul.layout import PACKED_TYPES
+from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed, dequantize_packed_rows
 from shared.kernels.qmatmul.packed_gemm import SMALL_TILE
 from shared.kernels.qmatmul.packed_matmul import packed_matmul

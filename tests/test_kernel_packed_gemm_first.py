@@ -12,7 +12,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
+from shared.kernels.qmatmul.layout import PACKED_TYPES
+from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_matmul import FIRST_ROWS, default_config, packed_matmul
 from shared.kernels.qmatmul.packed_rows import interleave
 from shared.ops.activation import gelu_mul, silu_mul

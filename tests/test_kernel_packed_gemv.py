@@ -9,7 +9,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
+from shared.kernels.qmatmul.layout import PACKED_TYPES
+from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from tests.test_kernel_packed_matmul import random_raw
 

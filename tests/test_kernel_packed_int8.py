@@ -23,8 +23,8 @@ from gguf import GGMLQuantizationType as T
 from shared.kernels.device import interpreted
 from shared.kernels.qmatmul.int8_activations import prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4, dp4a, even_odd, transpose4
-from shared.kernels.qmatmul.packed import WORDS, pack, unpack
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
+from shared.kernels.qmatmul.layout import INT8_TYPES, WORDS
+from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from tests.test_kernel_packed_matmul import random_raw
 

@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
+from shared.kernels.qmatmul.layout import ROWS, ROWS_TYPES
 from shared.kernels.qmatmul.packed import pack, unpack
-from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES
 from shared.kernels.qmatmul.packed_int8_rows_policy import CACHE_HINTS
 from shared.kernels.qmatmul.packed_matmul import WIDE_MAXNREG, packed_matmul, wide_warps
-from shared.kernels.qmatmul.packed_rows import ROWS, deinterleave, interleave, unit
+from shared.kernels.qmatmul.packed_rows import deinterleave, interleave, unit
 from tests.test_kernel_packed_int8 import _layout, representable
 from tests.test_kernel_packed_matmul import random_raw
 

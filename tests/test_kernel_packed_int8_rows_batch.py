@@ -15,8 +15,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from shared.kernels.qmatmul.layout import ROWS_TYPES
 from shared.kernels.qmatmul.packed import unpack
-from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES
 from shared.kernels.qmatmul.packed_int8_rows_batch import BATCH_ROWS, batch_config
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from shared.kernels.qmatmul.packed_rows import deinterleave, interleave

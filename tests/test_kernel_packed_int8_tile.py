@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
+from shared.kernels.qmatmul.layout import INT8_TYPES
 from shared.kernels.qmatmul.packed import pack, unpack
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 from tests.test_kernel_packed_int8 import _layout, representable
 from tests.test_kernel_packed_matmul import random_raw

@@ -15,7 +15,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from shared.kernels.qmatmul.packed import PACKED_TYPES, pack, unpack
+from shared.kernels.qmatmul.layout import PACKED_TYPES
+from shared.kernels.qmatmul.packed import pack, unpack
 from shared.quant import FP16_FIELDS, block_geometry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,7 +11,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from shared.kernels.qmatmul.packed import CHUNK, pack, unpack
+from shared.kernels.qmatmul.layout import CHUNK
+from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_matmul import default_config, packed_matmul
 from shared.kernels.qmatmul.tuning import BUCKETS, Tuner, agrees, bucket, candidates, reference
 from tests.test_kernel_packed_matmul import random_raw

@@ -29,10 +29,10 @@ from gguf import GGMLQuantizationType as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from shared.kernels.qmatmul.packed import CHUNK, PACKED_TYPES, WORDS, pack
+from shared.kernels.qmatmul.layout import CHUNK, INT8_TYPES, PACKED_TYPES, WORDS
+from shared.kernels.qmatmul.packed import pack
 from shared.kernels.qmatmul.packed_chunk import MAGIC
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.quant import block_geometry
 from tools.compile_launches import (
     compile_argmax,

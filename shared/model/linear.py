@@ -35,8 +35,8 @@ from shared.kernels.qmatmul import (
     unpack,
 )
 from shared.kernels.qmatmul.int8_activations import int8_buffers_for, int8_layout
+from shared.kernels.qmatmul.layout import CHUNK
 from shared.kernels.qmatmul.norm_ahead import folds, norm_buffers
-from shared.kernels.qmatmul.packed import CHUNK
 from shared.kernels.qmatmul.packed_int8_pair import (
     gemv_int8_pair_kernel,
     pair_splits,

@@ -3,8 +3,9 @@ Q2_K..Q6_K) and GEMVs that read GGUF blocks in place (for K that the packed chun
 divide)."""
 
 from shared.kernels.qmatmul.kquants import KQUANT_TYPES, quant_gemv_kquant
+from shared.kernels.qmatmul.layout import PACKED_TYPES, PackedWeight
 from shared.kernels.qmatmul.legacy import LEGACY_TYPES, quant_gemv_legacy
-from shared.kernels.qmatmul.packed import PACKED_TYPES, PackedWeight, pack, unpack
+from shared.kernels.qmatmul.packed import pack, unpack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
 __all__ = [

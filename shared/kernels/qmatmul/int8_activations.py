@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
-from shared.kernels.qmatmul.packed import PackedWeight
+from shared.kernels.qmatmul.layout import PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields
 
 __all__ = [

@@ -40,55 +40,21 @@ the same float32 expressions in the same order as ``shared.quant``. The planes t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from gguf import GGMLQuantizationType
 
+from shared.kernels.qmatmul.layout import CHUNK, PACKED_TYPES, PackedWeight
+from shared.kernels.qmatmul.layout import LEGACY as _LEGACY
+from shared.kernels.qmatmul.layout import TWO_BIT as _TWO_BIT
+from shared.kernels.qmatmul.packed_rows import deinterleave
 from shared.quant import block_geometry
 from shared.quant.blocks import as_blocks, fp16_field, int8_field, unpack_bits
 from shared.quant.kquants import unpack_scale_min_k4, unpack_scales_q3_k
 from shared.quant.legacy import LAYOUT, fifth_bits
 
-__all__ = ["PACKED_TYPES", "PackedWeight", "pack", "unpack"]
+__all__ = ["pack", "unpack"]
 
 _T = GGMLQuantizationType
-_TWO_BIT = (_T.Q2_K, _T.Q3_K)
-_LEGACY = (_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1)  # 4/5-bit blocks of 32 (shared.quant.legacy)
-PACKED_TYPES: frozenset[int] = frozenset({*_LEGACY, _T.Q8_0, *_TWO_BIT, _T.Q4_K, _T.Q5_K, _T.Q6_K})
-# elements per chunk along K: every K must be a multiple of it
-CHUNK = {t: 128 if t in (_T.Q6_K, _T.Q8_0) else 256 for t in PACKED_TYPES}
-# int32 words per chunk (the kernels' tile width)
-WORDS = {t: 16 if t in (_T.Q6_K, *_TWO_BIT) else 32 for t in PACKED_TYPES}
-
-
-@dataclass(frozen=True)
-class PackedWeight:
-    qtype: int
-    shape: tuple[int, int]  # (N, K)
-    q: torch.Tensor
-    d: torch.Tensor
-    sc: torch.Tensor | None = None
-    mn: torch.Tensor | None = None
-    dmin: torch.Tensor | None = None
-    hi: torch.Tensor | None = None
-    # planes row-interleaved in tiles of 32 rows (packed_rows)
-    rows32: bool = False
-    # split-K tickets of the GEMVs (split_tickets): one int32 counter a row, zero between launches
-    tickets: torch.Tensor = field(init=False, repr=False, compare=False)
-    # the batch rows GEMV's one-wave K split by launch form (packed_int8_rows_batch.BATCH_WAVE),
-    # found at a form's first launch from the compiled kernel's registers
-    wave_splits: dict = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        counters = torch.zeros(self.shape[0], dtype=torch.int32, device=self.q.device)
-        object.__setattr__(self, "tickets", counters)
-        object.__setattr__(self, "wave_splits", {})
-
-    @property
-    def nbytes(self) -> int:
-        planes = (self.q, self.d, self.sc, self.mn, self.dmin, self.hi)
-        return sum(t.numel() * t.element_size() for t in planes if t is not None)
 
 
 def _pack_fields(codes: torch.Tensor, n: int, words: int, per_word: int, bits: int) -> torch.Tensor:
@@ -191,8 +157,6 @@ def _codes(words: torch.Tensor, bits: int, per_word: int, width: int = 32) -> to
 def unpack(pw: PackedWeight) -> torch.Tensor:
     """float32 ``[N, K]``: the packed weight dequantized, bit-identical to ``gguf.quants``."""
     if pw.rows32:  # row-interleaved planes: the plain ones first
-        from shared.kernels.qmatmul.packed_rows import deinterleave  # (it imports this module)
-
         pw = deinterleave(pw)
     n, k = pw.shape
     if pw.qtype == _T.Q8_0:

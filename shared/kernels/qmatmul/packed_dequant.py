@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from shared.kernels.device import interpreted
-from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.layout import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import MAGIC, group, load_chunk, load_meta
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.rounding import to_dtype

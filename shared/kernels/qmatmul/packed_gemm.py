@@ -19,7 +19,7 @@ import triton.language as tl
 
 from shared.kernels.activation import _SQRT_2_OVER_PI, _gelu_tanh, _silu
 from shared.kernels.device import num_sms
-from shared.kernels.qmatmul.packed import CHUNK, WORDS, PackedWeight
+from shared.kernels.qmatmul.layout import CHUNK, WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
 from shared.kernels.rounding import to_dtype
 

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
-from shared.kernels.qmatmul.packed import WORDS, PackedWeight
+from shared.kernels.qmatmul.layout import WORDS, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import _words, entry, load_chunk
 from shared.kernels.qmatmul.packed_gemm import (
     gemm_tile,

@@ -32,6 +32,7 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from shared.kernels.qmatmul.int8_activations import prepare_rows_int8
+from shared.kernels.qmatmul.layout import INT8_TYPES
 from shared.kernels.qmatmul.packed_chunk import (
     Q6_K,
     Q8_0,
@@ -50,7 +51,6 @@ from shared.kernels.qmatmul.packed_gemm import (
     store_tile,
     strides,
 )
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 
 __all__ = ["CHUNK_STEP_TYPES", "I8_TYPES", "launch_gemm8"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from shared.kernels.qmatmul.packed import PackedWeight
+from shared.kernels.qmatmul.layout import PackedWeight
 from shared.kernels.qmatmul.packed_chunk import group, load_chunk, load_meta
 from shared.kernels.qmatmul.packed_gemm import (
     fields,

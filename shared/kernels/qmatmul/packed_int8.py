@@ -41,17 +41,14 @@ from gguf import GGMLQuantizationType
 
 from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8, quantize_chunk
 from shared.kernels.qmatmul.int8_ops import dp4a, even_odd, transpose4
-from shared.kernels.qmatmul.packed import WORDS
+from shared.kernels.qmatmul.layout import WORDS
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.split_tickets import finish_rows
 
-__all__ = ["INT8_TYPES", "gemv_int8_kernel", "launch_int8"]
+__all__ = ["gemv_int8_kernel", "launch_int8"]
 
 _T = GGMLQuantizationType
-INT8_TYPES: frozenset[int] = frozenset(
-    {_T.Q4_0, _T.Q4_1, _T.Q5_0, _T.Q5_1, _T.Q8_0, _T.Q4_K, _T.Q5_K, _T.Q6_K}
-)
 _NIB = tl.constexpr(0x0F0F0F0F)
 
 

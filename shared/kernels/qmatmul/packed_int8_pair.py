@@ -19,13 +19,13 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl
+from shared.kernels.qmatmul.layout import CHUNK, ROWS, PackedWeight
+from shared.kernels.qmatmul.layout import ROWS as _ROWS
 from shared.kernels.qmatmul.norm_ahead import sums_block
-from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import ROWS, row_sums
+from shared.kernels.qmatmul.packed_int8_rows import row_sums
 from shared.kernels.qmatmul.packed_int8_rows_policy import cache_hints, late_next, register_cap
 from shared.kernels.qmatmul.packed_matmul import split_targets
-from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.qkv_rope import QKVRope, finish_qkv_rope, no_rope_args, qkv_angles
 from shared.kernels.qmatmul.split_tickets import finish_rows
 

@@ -31,6 +31,8 @@ from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
 from shared.kernels.qmatmul import norm_ahead
 from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4
+from shared.kernels.qmatmul.layout import ROWS as _ROWS
+from shared.kernels.qmatmul.layout import ROWS_TYPES
 from shared.kernels.qmatmul.norm_ahead import (
     load_sums,
     norm_rows,
@@ -43,8 +45,6 @@ from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch, scale_pair
 from shared.kernels.qmatmul.packed_int8_rows_policy import cache_hints, late_next, register_cap
-from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
-from shared.kernels.qmatmul.packed_rows import ROWS_TYPES
 from shared.kernels.qmatmul.qkv_rope import finish_qkv_rope, no_rope_args, qkv_angles
 from shared.kernels.qmatmul.split_tickets import (
     finish_rows,

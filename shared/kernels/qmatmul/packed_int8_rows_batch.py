@@ -24,12 +24,12 @@ import triton.language as tl
 from shared.kernels.device import num_sms, resident_programs
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
 from shared.kernels.qmatmul.int8_activations import prepare_int8
-from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.layout import CHUNK, ROWS_TYPES, PackedWeight
+from shared.kernels.qmatmul.layout import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, accumulate, unpack
+from shared.kernels.qmatmul.packed_int8_rows import accumulate, unpack
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch
 from shared.kernels.qmatmul.packed_int8_rows_policy import cache_hints
-from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 from shared.kernels.qmatmul.split_tickets import store_rows
 
 __all__ = [

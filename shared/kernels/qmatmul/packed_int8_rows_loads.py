@@ -13,8 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from shared.kernels.qmatmul.layout import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0, _byte, _half, _signed
-from shared.kernels.qmatmul.packed_rows import ROWS as _ROWS
 
 __all__ = ["fetch", "scale_pair"]
 

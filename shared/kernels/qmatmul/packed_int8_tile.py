@@ -32,7 +32,7 @@ import triton.language as tl
 
 from shared.kernels.qmatmul.int8_activations import prepare_int8
 from shared.kernels.qmatmul.int8_ops import dp4a
-from shared.kernels.qmatmul.packed import PackedWeight
+from shared.kernels.qmatmul.layout import PackedWeight
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _split4, _split8

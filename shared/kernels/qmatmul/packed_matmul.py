@@ -26,7 +26,7 @@ import triton
 from gguf import GGMLQuantizationType
 
 from shared.kernels.device import interpreted, num_sms, resident_programs
-from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.layout import CHUNK, INT8_TYPES, ROWS, ROWS_TYPES, PackedWeight
 from shared.kernels.qmatmul.packed_chunk import MAGIC
 from shared.kernels.qmatmul.packed_dequant import dequantize_packed
 from shared.kernels.qmatmul.packed_gemm import (
@@ -43,15 +43,14 @@ from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES, launch_gemm16
 from shared.kernels.qmatmul.packed_gemm_first import launch_gemm_first
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
 from shared.kernels.qmatmul.packed_gemv_plain import gemv_kernel
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES, launch_int8
-from shared.kernels.qmatmul.packed_int8_rows import ROWS_TYPES, launch_int8_rows
+from shared.kernels.qmatmul.packed_int8 import launch_int8
+from shared.kernels.qmatmul.packed_int8_rows import launch_int8_rows
 from shared.kernels.qmatmul.packed_int8_rows_batch import (
     batch_config,
     launch_int8_rows_batch,
     takes,
 )
 from shared.kernels.qmatmul.packed_int8_tile import launch_int8_tile
-from shared.kernels.qmatmul.packed_rows import ROWS
 from shared.ops.activation import gelu_mul, silu_mul
 
 __all__ = ["config_for", "int8_rows", "packed_matmul", "rounds_gated"]

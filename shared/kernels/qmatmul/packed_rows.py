@@ -23,13 +23,10 @@ import os
 
 import torch
 
-from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
+from shared.kernels.qmatmul.layout import CHUNK, ROWS, ROWS_TYPES, PackedWeight
 
-__all__ = ["ROWS", "ROWS_TYPES", "deinterleave", "interleave", "unit", "wants_rows"]
+__all__ = ["deinterleave", "interleave", "unit", "wants_rows"]
 
-ROWS = 32  # rows a tile interleaves
-ROWS_TYPES = INT8_TYPES  # the types the rows GEMV (packed_int8_rows) multiplies
 _QUANT_UNIT = 4  # entries of q (int32 words) and hi a warp's thread loads at once
 _QUANT_PLANES = ("q", "hi")
 _SCALE_PLANES = ("sc", "mn", "d", "dmin")

@@ -15,7 +15,8 @@ import statistics
 import torch
 import triton.testing
 
-from shared.kernels.qmatmul.packed import PackedWeight, unpack
+from shared.kernels.qmatmul.layout import PackedWeight
+from shared.kernels.qmatmul.packed import unpack
 from shared.kernels.qmatmul.packed_matmul import packed_matmul
 
 __all__ = ["cold_dense_ms", "cold_graph_ms", "dense_copies", "matmul_ms", "weight_copies"]

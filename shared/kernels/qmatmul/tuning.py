@@ -30,9 +30,8 @@ import torch
 import triton
 import triton.testing
 
-from shared.kernels.qmatmul.packed import CHUNK, PackedWeight
+from shared.kernels.qmatmul.layout import CHUNK, INT8_TYPES, PackedWeight
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES
-from shared.kernels.qmatmul.packed_int8 import INT8_TYPES
 from shared.kernels.qmatmul.packed_int8_rows_batch import takes
 from shared.kernels.qmatmul.packed_matmul import config_for, packed_matmul
 from shared.kernels.qmatmul.timing import matmul_ms, weight_copies

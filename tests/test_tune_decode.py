@@ -86,14 +86,6 @@ def test_default_rows_split_is_the_dispatch_default() -> None:
     assert default_rows_split(pw) == 4
 
 
-def test_bench_rows_configs_reach_the_rows_gemv() -> None:
-    """packed_matmul gives a batch-1 config without the ROWS key the rows GEMV's default tile
-    and split, so every candidate of tools/bench_rows must carry it."""
-    from tools.bench_rows import ROWS_CONFIGS
-
-    assert ROWS_CONFIGS and all(c.get("ROWS") for c in ROWS_CONFIGS)
-
-
 def test_only_keeps_the_named_values() -> None:
     only = parse_only(["SPLIT_K=1", "SPLIT_K=2", "QX=0"])
     assert only == {"SPLIT_K": {1, 2}, "QX": {0}}

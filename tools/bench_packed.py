@@ -79,7 +79,7 @@ def families(m: int, n: int, k: int, device: torch.device, qtype: int) -> list[d
 
 
 def label(cfg: dict) -> str:
-    for key in ("FACTOR", "INT8", "WIDE", "F16", "I8", "DEQUANT"):
+    for key in ("FACTOR", "INT8", "WIDE", "F16", "DEQUANT"):
         if cfg.get(key):
             tpr = f",tpr{cfg['TPR']}" if "TPR" in cfg else ""
             tpr += f",tile{cfg['CH']}" if cfg.get("TILE") else ""

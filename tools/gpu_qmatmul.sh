@@ -12,7 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-c
 source tools/gpu_cache.sh; cache_restore  # compiled kernels of earlier calls (.tcache)
 export SKIFF_MODELS_DIR=$PWD/.device/models SKIFF_TEST_TIMES=$OUT/test-times.txt
 BUILD=/tmp/llama-build
-STAGES=${STAGES:-"tests w1 sweep llama"}  # also: probe, attn, kv, chunks, profile (ncu), step, rows, batch, first, tune (TUNE_ARGS), ab, w6, floor
+STAGES=${STAGES:-"tests w1 sweep llama"}  # also: attn, kv, chunks, step, tune (TUNE_ARGS), w6
 TYPES=${W1_TYPES:-"q4_k_m q6_k q8_0"}
 case " $STAGES " in *" llama "*)  # built meanwhile (niced: in (ab) it starved the tests stage)
   [ -x $BUILD/bin/llama-bench ] || setsid nice -n 19 bash tools/build_llama_cpp.sh .llama/llama.cpp-src.tar.gz \
@@ -50,26 +50,15 @@ case " $STAGES " in *" chunks "*)  # W3's chunk steps by split count and prefill
   timeout ${CHUNKS_S:-200} python3 -m tools.bench_attention --chunks 2>&1 \
     | tee "$OUT/attn-chunks.txt" ;;
 esac
-case " $STAGES " in *" profile "*)
-  timeout ${PROFILE_S:-100} bash tools/gpu_profile.sh ;;
-esac
-case " $STAGES " in *" step "*)  # where a batch-1 decode step's time goes; STEP_PDL="1 0": both
+case " $STAGES " in *" step "*)  # where a batch-1 decode step's time goes
   # (the load and graph captures under the profiler take most of it: 100 s printed nothing in (aq))
-  # STEP_VARIANTS: tools.ab_w1 variants; with --timeline the trace is kept (step-*.json.gz)
+  # with --timeline the trace is kept (step-*.json.gz)
   models 2>&1
-  for t in ${STEP_TYPES:-$TYPES}; do for pdl in ${STEP_PDL:-1}; do for v in ${STEP_VARIANTS:-default}; do
-    SKIFF_PDL=$pdl timeout ${STEP_S:-240} python3 -m tools.profile_step /tmp/l3-$t.gguf \
-      --concurrency 1 --steps 50 --rows ${STEP_ROWS:-25} --variant $v \
-      --trace "$OUT/step-$t-pdl$pdl-$v.json.gz" ${STEP_ARGS:-} 2>&1 \
-      | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step-$t-pdl$pdl-$v.txt"
-  done; done; done ;;
-esac
-case " $STAGES " in *" probe "*)  # the decode attention program by program (tools/probe_attention.py)
-  models 2>&1
-  for t in ${PROBE_TYPES:-${TYPES%% *}}; do
-    timeout ${PROBE_S:-150} python3 -m tools.probe_attention /tmp/l3-$t.gguf \
-      --variants ${PROBE_VARIANTS:-default} ${PROBE_ARGS:-} 2>&1 | grep -v "^USDT\|Warning\|warn" \
-      | tee -a "$OUT/probe.txt"
+  for t in ${STEP_TYPES:-$TYPES}; do
+    timeout ${STEP_S:-240} python3 -m tools.profile_step /tmp/l3-$t.gguf \
+      --concurrency 1 --steps 50 --rows ${STEP_ROWS:-25} \
+      --trace "$OUT/step-$t.json.gz" ${STEP_ARGS:-} 2>&1 \
+      | grep -v "^USDT\|Warning\|warn" | tee "$OUT/profile-step-$t.txt"
   done ;;
 esac
 case " $STAGES " in *" w1 "*)
@@ -86,42 +75,12 @@ case " $STAGES " in *" w6 "*)  # W6: decode at 32k context, bf16 / FP8 per-token
       --kv-dtype $1 --kv-scales $2 2>&1 | grep '^{' | tee -a "$OUT/w6.jsonl"
   done ;;
 esac
-case " $STAGES " in *" ab "*)  # W1 A/B in one process (tools/ab_w1.py); AB_VARIANTS for each type
-  # (AB_VARIANTS_<type>, e.g. AB_VARIANTS_q4_k_m=default, for one type)
-  models 2>&1
-  # the models first: AB_ARGS may end in a list option (--batch 1 4 8) that would swallow them
-  timeout ${AB_S:-300} python3 -m tools.ab_w1 $(for t in $TYPES; do v=AB_VARIANTS_$t
-    echo /tmp/l3-$t.gguf:${!v:-${AB_VARIANTS:-default,norm-off}}; done) --rounds ${AB_ROUNDS:-2} ${AB_ARGS:-} \
-    2>&1 | tee "$OUT/ab.log" \
-    | grep '^{' > "$OUT/ab.jsonl" ;;  # ab.log keeps the tracebacks (one call lost its A/B unseen)
-esac
-cp /tmp/skiff-cache/qmatmul-tuning.json "$OUT/" 2>/dev/null  # measured tiles: ship them (tuned/)
-case " $STAGES " in *" sweep "*)
-  timeout ${SWEEP_S:-150} python3 -m tools.bench_packed ${SWEEP_ARGS:---families} 2>&1 \
-    | tee "$OUT/sweep.txt" ;;
-esac
 case " $STAGES " in *" tune "*)  # batch-1 rows configs timed in the engine's decode steps
   models 2>&1
   for t in $TYPES; do
     timeout ${TUNE_S:-240} python3 -m tools.tune_decode /tmp/l3-$t.gguf --json "$OUT/tune-$t.json" ${TUNE_ARGS:-} \
       2>&1 | grep -v "^USDT\|Warning\|warn" | tee "$OUT/tune-$t.txt"
   done ;;
-esac
-case " $STAGES " in *" floor "*)  # µs a link of a graph of kernels that only wait (PDL, plain)
-  timeout ${FLOOR_S:-60} python3 -m tools.bench_launch_floor ${FLOOR_ARGS:-} 2>&1 \
-    | tee "$OUT/launch-floor.txt" ;;
-esac
-case " $STAGES " in *" batch "*)  # the rows GEMV over 2-8 activation rows vs the GEMMs before
-  timeout ${BATCH_S:-240} python3 -m tools.bench_batch_rows ${BATCH_ARGS:-} 2>&1 \
-    | tee "$OUT/batch-rows.txt" ;;
-esac
-case " $STAGES " in *" first "*)  # decode-batch GEMMs (16/64 rows): weights-first bf16 and int8
-  timeout ${FIRST_S:-240} python3 -m tools.bench_first ${FIRST_ARGS:---i8 2 3} 2>&1 \
-    | tee "$OUT/first.txt" ;;
-esac
-case " $STAGES " in *" rows "*)  # the int8 GEMV over row-interleaved planes vs the shipped config
-  timeout ${ROWS_S:-240} python3 -m tools.bench_rows ${ROWS_ARGS:-} --json "$OUT/rows-best.json" \
-    2>&1 | tee "$OUT/rows.txt" ;;
 esac
 case " $STAGES " in *" llama "*)  # (at most 8 files come back from $OUT)
   models > /dev/null 2>&1

@@ -1,7 +1,7 @@
 """Where a decode step's time goes: C sequences decoding together through the engine (no HTTP).
 
     python -m tools.profile_step MODEL.gguf [--concurrency 64] [--prompt 512] [--steps 20]
-        [--dense-copies auto|on|off] [--timeline [--trace OUT.json.gz]] [--variant NAME]
+        [--dense-copies auto|on|off] [--timeline [--trace OUT.json.gz]]
 
 Builds the engine as the server does (CUDA graphs, paged KV), admits C random prompts, steps
 until every sequence decodes, then times `--steps` decode-only steps by wall clock and
@@ -11,8 +11,7 @@ time per step (graph replays included where CUPTI records them). Then one mixed 
 the server and W1 run them) and the profiled decode steps charged kernel by kernel on the
 device's timeline (``tools.step_timeline``: exposed run time, launch gaps, host gaps);
 ``--trace`` also keeps that profile's chrome trace (gzipped) for ``step_timeline --sequence``.
-``--variant``: one of ``tools.ab_w1``'s variants, entered before the engine is built. Prints
-text; it is a benchmark, not a test.
+Prints text; it is a benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -82,15 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dense-copies", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--timeline", action="store_true")
     p.add_argument("--trace", type=Path, default=None)
-    p.add_argument("--variant", default="default")
-    a = p.parse_args(argv)
-    from contextlib import ExitStack
-
-    from tools.ab_w1 import enter_variant
-
-    with ExitStack() as stack:
-        enter_variant(stack, a.variant)
-        return _run(a)
+    return _run(p.parse_args(argv))
 
 
 def _run(a: argparse.Namespace) -> int:

@@ -4,7 +4,7 @@
         [--only KEY=VALUE ...]   # e.g. --only SPLIT_K=1 SPLIT_K=2: just those splits
 
 BENCHMARKS.md (u): the configs that won when one GEMV was timed alone (weight cold in L2,
-graph-replayed: tools/bench_rows.py, the load-time tuner) made W1 25-34 % slower than the rows
+graph-replayed: the load-time tuner) made W1 25-34 % slower than the rows
 GEMV's default split. This tool measures what W1 measures. For each distinct batch-1 shape of
 the model's interleaved weights, most weights first, it sets that shape's table entry,
 recaptures the decode graph and times greedy decode (``bench_w1.run_once``). It keeps the best

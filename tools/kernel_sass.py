@@ -150,17 +150,6 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         consts = {**fields, "KW": 4, "SPLITS": 2, "MR": m, "ACT": act, "PDL": True}
         consts["CM"], consts["EP"], consts["SEP"] = policy.cache_hints({})
         return rb.gemv_int8_rows_batch_kernel, args, consts
-    if kind == "gemm-i8":  # int8 codes and activations on the tensor cores (packed_gemm8)
-        g8 = importlib.import_module("shared.kernels.qmatmul.packed_gemm8")
-        step = pw.qtype in g8.CHUNK_STEP_TYPES  # one activation step a chunk
-        subs = k // fields["W"]
-        xq = torch.empty(m, k, dtype=torch.int8)
-        xd = torch.empty(m, chunks if step else subs)
-        xs = torch.empty(m, subs, dtype=torch.int32 if step else torch.float32)
-        args = [xq, xd, xs, *_planes(pw), out, m, n, chunks, chunks // 2, k, xd.shape[1], subs]
-        args += [n, m * n, *strides]
-        tiles = {"BLOCK_M": min(m, 64), "BLOCK_N": 64, "ACT": act, "R32": r32}
-        return g8._gemm8_kernel, args, {**fields, **tiles, "CHUNK_STEP": step}
     if kind == "gemm-16":  # Q4_K / Q6_K weights formed in fp16 (packed_gemm16)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
         xh = torch.empty(m, k, dtype=torch.float16)
@@ -347,14 +336,11 @@ def main(argv: list[str] | None = None) -> int:
              ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
-             ("gemm-i8", 64, 4), ("gemm-i8-r32", 64, 4),
              ("gemm-first", 16, 4), ("gemm-first-r32", 64, 4),
              ("gemm-first-act", 64, 4))  # fmt: skip
     for qtype in types:
         for kind, m, warps in kinds:
-            if kind.startswith(("gemv-i8", "gemv-r8", "gemv-rb", "gemm-i8")) and (
-                qtype not in INT8_TYPES
-            ):
+            if kind.startswith(("gemv-i8", "gemv-r8", "gemv-rb")) and (qtype not in INT8_TYPES):
                 continue
             if kind in ("gemm-16", "gemm-16-act", "x16") and qtype not in F16_TYPES:
                 continue

@@ -12,9 +12,6 @@ own chunks in its prologue (no launch: every program of a split rounds the same 
 stores the same words); at batch 1 the RMSNorm (``norm.add_rms_norm_int8``), the decode
 attention's combine pass (a head's sub-blocks) and the gated rows GEMV
 (``split_tickets.round_gated``) run it on the values they store, for the GEMVs that read them.
-
-``prepare_rows_int8`` rounds the rows of a batch the same way for the int8 GEMM
-(``packed_gemm8``), its codes in row order (``[M, K]`` int8).
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ __all__ = [
     "int8_buffers_for",
     "int8_layout",
     "prepare_int8",
-    "prepare_rows_int8",
     "quantize_chunk",
     "quantize_x_kernel",
     "round_blocks",
@@ -96,54 +92,6 @@ def quantize_x_kernel(
     r = tl.program_id(1)
     quantize_chunk(x_ptr + r * stride_x, xq_ptr + r * stride_q, xd_ptr + r * stride_s,
                    xs_ptr + r * stride_s, tl.program_id(0), W, G)  # fmt: skip
-
-
-@triton.jit
-def _quantize_rows_kernel(
-    x_ptr, xq_ptr, xd_ptr, xs_ptr, stride_x, stride_q, stride_s,
-    W: tl.constexpr, G: tl.constexpr, CHUNK_STEP: tl.constexpr,
-):  # fmt: skip
-    """Chunk program_id(1) of row program_id(0), codes in row order: a step and a float sum a
-    sub-block (as quantize_chunk's), or with CHUNK_STEP one step a chunk and the integer sum
-    of each sub-block's codes."""
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    j = tl.arange(0, G)
-    at = c * (W * G) + j[:, None] * W + tl.arange(0, W)[None, :]
-    x = tl.load(x_ptr + row * stride_x + at).to(tl.float32)
-    if CHUNK_STEP:
-        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        q = _codes(x, amax)
-        tl.store(xd_ptr + row * stride_s + c, amax / 127.0)
-        tl.store(xs_ptr + row * stride_s * G + c * G + j, tl.sum(q, axis=1))
-    else:
-        q, amax = _round(x)
-        tl.store(xd_ptr + row * stride_s + c * G + j, amax / 127.0)
-        tl.store(xs_ptr + row * stride_s + c * G + j, tl.sum(x, axis=1))
-    tl.store(xq_ptr + row * stride_q + at, q.to(tl.int8))
-
-
-def prepare_rows_int8(
-    x: torch.Tensor, pw: PackedWeight, chunk_step: bool = False
-) -> tuple[torch.Tensor, ...]:
-    """x [M, K] -> (xq int8 [M, K], xd, xs) over pw's sub-blocks, the codes in row order (one
-    launch): each row rounded as ``prepare_int8`` rounds one (xd, xs float32 [M, K / W]), or
-    with ``chunk_step`` one step a chunk (xd float32 [M, chunks]; xs the int32 sums of each
-    sub-block's codes, [M, K / W]), as ggml's Q8_K rounds for the K-quants."""
-    f = fields(pw)
-    m, k = x.shape
-    chunks = k // (f["W"] * f["G"])
-    xq = torch.empty((m, k), dtype=torch.int8, device=x.device)
-    steps = chunks if chunk_step else chunks * f["G"]
-    xd = torch.empty((m, steps), dtype=torch.float32, device=x.device)
-    sums = torch.int32 if chunk_step else torch.float32
-    xs = torch.empty((m, chunks * f["G"]), dtype=sums, device=x.device)
-    if m:
-        _quantize_rows_kernel[(m, chunks)](
-            x, xq, xd, xs, x.stride(0), xq.stride(0), xd.stride(0), W=f["W"], G=f["G"],
-            CHUNK_STEP=chunk_step, num_warps=1,
-        )  # fmt: skip
-    return xq, xd, xs
 
 
 def int8_layout(pw: PackedWeight) -> tuple[int, int]:

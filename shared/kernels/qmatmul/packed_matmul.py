@@ -38,7 +38,6 @@ from shared.kernels.qmatmul.packed_gemm import (
     strides,
     sum_splits_kernel,
 )
-from shared.kernels.qmatmul.packed_gemm8 import I8_TYPES, launch_gemm8
 from shared.kernels.qmatmul.packed_gemm16 import F16_TYPES, launch_gemm16
 from shared.kernels.qmatmul.packed_gemm_first import launch_gemm_first
 from shared.kernels.qmatmul.packed_gemv import gemv_factored_kernel, prepare_x_kernel
@@ -86,9 +85,7 @@ def packed_matmul(
     ``CH`` chunks (default 8; the split follows) as one coalesced tile, ``packed_int8_tile``). M >
     1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a
     chunk) or ``FIRST`` (16-bit x: the weights as the dot's first operand, a field a dot,
-    ``packed_gemm_first``) or ``F16`` (Q4_K, Q6_K: the weights formed in fp16, ``packed_gemm16``) or
-    ``I8`` (int8 codes and activations on the tensor cores, within the activations' int8 rounding:
-    ``packed_gemm8``), or ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then torch's
+    ``packed_gemm_first``) or ``F16`` (Q4_K, Q6_K: the weights formed in fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then torch's
     matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made
     once and kept (``[N, K]`` in x's dtype):
     ``DEQUANT`` multiplies by it instead of dequantizing each call. ``int8``: for the rows
@@ -190,9 +187,6 @@ def packed_matmul(
             torch.matmul(x, w.T, out=out)
         else:
             out.copy_(x @ w.T)
-        return out
-    if cfg.get("I8") and pw.qtype in I8_TYPES:  # int8 codes and activations (packed_gemm8)
-        launch_gemm8(x, pw, out, cfg, interp, act)
         return out
     if cfg.get("F16") and pw.qtype in F16_TYPES:  # fp16 weights in registers (packed_gemm16)
         launch_gemm16(x, pw, out, cfg, interp, act)

@@ -156,8 +156,6 @@ def candidates(m: int, pw: PackedWeight) -> list[dict[str, int]]:
         return out
     # decode batches: split-K is a launch argument (no compile of its own)
     # (WIDE with 32-row tiles only: with 64 it needs up to 255 registers, kernel_sass)
-    # The int8 tensor-core GEMM (packed_gemm8, I8) is no candidate: on the H200 it took 2-4x the
-    # time of the fp16 GEMM and of cuBLAS on the dense copies at 16 and 64 rows (BENCHMARKS (u)).
     # fp16-formed weights (packed_gemm16), the weight tile first in the dot (SWAP) at <= 16 rows
     swap = {"F16": 1, "SWAP": 1, "num_stages": 3}
     f16_small = [(64, 4, swap), (128, 8, swap)] if pw.qtype in F16_TYPES else []
@@ -285,7 +283,7 @@ class Tuner:
             best, best_ms = None, float("inf")
             for cfg in candidates(m, pw) if mode == "1" else quick_candidates(pw):
                 try:
-                    int8 = cfg.get("INT8") or cfg.get("I8")  # activations rounded to int8
+                    int8 = cfg.get("INT8")  # activations rounded to int8
                     tol = INT8_TOL if int8 else F16_TOL if cfg.get("F16") else 1e-4
                     if not agrees(packed_matmul(x, pw, torch.float32, cfg), ref, tol):
                         continue  # never pick a variant that computes something else

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiers import mark_exhaustive
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = Path(os.environ.get("SKIFF_MODELS_DIR", ROOT / ".models"))
 
@@ -24,6 +26,11 @@ def pytest_configure(config: pytest.Config) -> None:
     for env, filename in REAL_MODELS.items():
         if not os.environ.get(env) and (MODELS / filename).exists():
             os.environ[env] = str(MODELS / filename)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks this adds
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_exhaustive(items)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

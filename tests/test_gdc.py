@@ -1,26 +1,28 @@
 """Programmatic dependent launch (shared/kernels/gdc.py).
 
-On the CPU: when it is on (a GPU of sm_90 or later, not the interpreter, ``SKIFF_PDL`` not 0).
+On the CPU: when it is on (a GPU of sm_90 or later, not the interpreter).
 On a GPU (``-m gpu``): a decode layer's chain of early-launched kernels (residual add + RMSNorm,
 activation rounding, the rows GEMV with split-K and the gated epilogue, rope + KV write, paged
 attention with split-K and its combine), captured in a CUDA graph and replayed with new inputs,
-gives the same bits as the same kernels launched one after the other without PDL. A kernel
-that read its input before the previous one finished would differ on some replay.
+gives the same bits as the same kernels launched one after the other without PDL (as below
+sm_90: every kernel module's ``pdl`` answering False). A kernel that read its input before the
+previous one finished would differ on some replay.
 """
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from shared.kernels import gdc
 from shared.kernels.gdc import launch_kw, pdl
 
 
-def test_off_on_the_cpu_and_when_asked(monkeypatch) -> None:
+def test_off_on_the_cpu() -> None:
     assert not pdl(torch.device("cpu"), object())
-    monkeypatch.setenv("SKIFF_PDL", "0")  # checked before the device is asked anything
-    assert not pdl(torch.device("cuda"), object())
     assert launch_kw(False) == {} and launch_kw(True) == {"launch_pdl": True}
 
 
@@ -80,13 +82,17 @@ def test_graph_of_early_launches_matches_plain_launches(monkeypatch) -> None:
         gi = torch.Generator(device="cpu").manual_seed(100 + i)
         return tuple(torch.randn(1, 2048, generator=gi).to(dev, torch.bfloat16) for _ in "xr")
 
-    monkeypatch.setenv("SKIFF_PDL", "0")
     want = []
-    for i in range(20):
-        x.copy_(inputs(i)[0]), res.copy_(inputs(i)[1])
-        want.append([t.clone() for t in _layer(x, res, w_norm, pw_up, pw_down, kv, meta)])
-        assert all(torch.isfinite(t).all() for t in want[-1])
-    monkeypatch.setenv("SKIFF_PDL", "1")
+    with monkeypatch.context() as patch:
+        _layer(x, res, w_norm, pw_up, pw_down, kv, meta)  # imports the kernels' modules
+        for name, mod in list(sys.modules.items()):  # each kernel module's own gdc.pdl
+            ours = name.startswith("shared.kernels.") and mod is not gdc
+            if ours and getattr(mod, "pdl", None) is gdc.pdl:
+                patch.setattr(mod, "pdl", lambda device, kernel: False)
+        for i in range(20):
+            x.copy_(inputs(i)[0]), res.copy_(inputs(i)[1])
+            want.append([t.clone() for t in _layer(x, res, w_norm, pw_up, pw_down, kv, meta)])
+            assert all(torch.isfinite(t).all() for t in want[-1])
     _layer(x, res, w_norm, pw_up, pw_down, kv, meta)  # compiles the early-launched kernels
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()

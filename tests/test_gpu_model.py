@@ -69,14 +69,9 @@ def test_gpu_real_model_matches_cpu(cuda: str, which: str, request: pytest.Fixtu
     assert got.top1 >= 0.99 and got.mean_abs_diff < 0.003 * cpu.std()
 
 
-@pytest.mark.parametrize("round_ahead", [4, 1], ids=["default", "round-ahead-off"])
-def test_gpu_engine_greedy_matches_cpu(
-    cuda: str, synthetic_dir: Path, round_ahead: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_gpu_engine_greedy_matches_cpu(cuda: str, synthetic_dir: Path) -> None:
     """Four sequences decoded together (the batch rows GEMV's rows), greedy, as on the CPU;
-    by default their rows rounded to int8 by the RMSNorm (linear.ROUND_AHEAD_ROWS), and with
-    that off by the GEMV's own launch."""
-    import shared.model.linear as linear
+    their rows rounded to int8 by the RMSNorm (linear.ROUND_AHEAD_ROWS)."""
     from shared.engine import Sequence
     from shared.engine.engine import LLMEngine
     from shared.engine.model_runner import ModelRunner
@@ -86,7 +81,6 @@ def test_gpu_engine_greedy_matches_cpu(
     from shared.sampling import SamplingParams
 
     path = next(p for p in gpu_models(synthetic_dir) if "Q4_K_M" in p.name or "gemma3" in p.name)
-    monkeypatch.setattr(linear, "ROUND_AHEAD_ROWS", round_ahead)
 
     def generate(device: str) -> list[list[int]]:
         model = load_model(GGUFFile(path), device)
@@ -152,25 +146,11 @@ def test_cuda_graph_decode_matches_eager(cuda: str, synthetic_dir: Path) -> None
     assert replays["decode"] > 5 and replays["mixed"] == 0
 
 
-@pytest.mark.parametrize(
-    ("staged", "pinned"), [(True, True), (True, False), (False, True)],
-    ids=["staged", "staged-copied", "copies"],
-)  # fmt: skip
-def test_cuda_graph_overlapped_steps_match_eager(
-    cuda: str, synthetic_dir: Path, staged: bool, pinned: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Overlapped steps (the tokens in flight filled in on the device: by the graph's staged
-    inputs, or with those off by the runner's index copy) through decode and mixed graphs give
-    the tokens of eager steps one at a time; with `pinned` the steps' inputs are built into
-    pinned memory (read there by the staging kernel, or copied from there without it) and the
-    sampled ids stored into pinned memory by a kernel, else both copied on the stream."""
-    import shared.engine.cuda_graphs as cg
-    import shared.engine.engine as eng
-    import shared.engine.model_runner as mr
-
-    monkeypatch.setattr(cg, "STAGED", staged)
-    monkeypatch.setattr(mr, "PINNED_INPUTS", pinned)
-    monkeypatch.setattr(eng, "IDS_BY_KERNEL", pinned)
+def test_cuda_graph_overlapped_steps_match_eager(cuda: str, synthetic_dir: Path) -> None:
+    """Overlapped steps (the tokens in flight filled in on the device by the graph's staged
+    inputs) through decode and mixed graphs give the tokens of eager steps one at a time; the
+    steps' inputs are built into pinned memory (read there by the staging kernel) and the
+    sampled ids stored into pinned memory by a kernel."""
     graphs, replays = _generate_gemma3(cuda, synthetic_dir, graphs=True, budget=96, overlap=True)
     assert replays["mixed"] > 5 and replays["decode"] > 5
     assert graphs == _generate_gemma3(cuda, synthetic_dir, graphs=False, budget=96)[0]

@@ -1,8 +1,8 @@
 """The paged attention kernel (including its native FP8 path, which the interpreter cannot run)
 and every packed quantized-matmul kernel compile for Hopper (sm_90) on a machine without a GPU:
 the GEMVs (plain, factored, int8 and int8 over row-interleaved planes), the decode-batch GEMMs
-(float32-formed, int8 codes on the tensor cores and, for Q4_K and Q6_K, fp16-formed weights)
-and the dequantizing pass, for every packed type; the RMSNorm that rounds its row to int8; and
+(float32-formed and, for Q4_K and Q6_K, fp16-formed weights) and the dequantizing pass, for
+every packed type; the RMSNorm that rounds its row to int8; and
 the greedy argmax.
 A kernel that the interpreter runs but the GPU compiler refuses (a Triton global that is not a
 constexpr, an unsupported cast) fails here instead of on the lent device."""
@@ -27,28 +27,24 @@ def test_packed_kernels_compile_for_sm90() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # paged attention (bf16 / FP8 cache with per-token / FP8 with per-head scales x decode at batch
     # 16 and 1 / prefill / prefill with the split count read on the device), 10 types x 15 packed
-    # variants (three over row-interleaved planes; three are the weights-first GEMM's), the int8
-    # GEMVs of the 8 types that have them (per-thread rows, the one-tile variant, with the rounding
-    # in its prologue, and the GEMV over interleaved planes with and without it, gated with its
-    # outputs rounded for the next GEMV, with each of the three cache hints, CACHE 1-3, with RoPE
-    # and the KV write in its epilogue (qkv_rope), with the residual add and RMSNorm in its epilogue
-    # and with its activations awaiting that norm's scale (norm_ahead), and over 2 and 4
-    # activation rows) and their
-    # int8 tensor-core GEMM (both layouts), and the fp16 GEMM
-    # (plain, gated, its activation conversion) of Q4_K and Q6_K; the fused add + RMSNorm rounding
-    # its row to int8 for no, one or two layouts, and 4 rows for two (norm.add_rms_norm_int8);
-    # RoPE + KV write into a bf16 cache and FP8 caches with per-token and per-head scales; two
-    # rows GEMVs of two types in one launch (Q4_K + Q6_K, Q8_0 + Q4_K); the greedy argmax (its
-    # counted launch, and the slices' and the pick's, each with its picks stored to the host too
-    # where it picks) and the ids' copy to the host; a graph step's staging (launched early),
-    # with and without tokens in flight
-    assert done.stdout.count("compiled for sm_90") == 12 + 150 + 16 * 8 + 6 + 5 + 3 + 2 + 5 + 1 + 2
+    # variants (three over row-interleaved planes; three are the weights-first GEMM's), 11 int8
+    # GEMVs of each of the 8 types that have them (per-thread rows, the one-tile variant, with
+    # the rounding in its prologue, and the GEMV over interleaved planes with and without it,
+    # gated with its outputs rounded for the next GEMV, with RoPE and the KV write in its
+    # epilogue (qkv_rope), with the residual add and RMSNorm in its epilogue and with its
+    # activations awaiting that norm's scale (norm_ahead), and over 2 and 4 activation rows),
+    # and the fp16 GEMM (plain, gated, its activation conversion) of Q4_K and Q6_K; the fused
+    # add + RMSNorm rounding its row to int8 for no, one or two layouts, and 4 rows for two
+    # (norm.add_rms_norm_int8); RoPE + KV write into a bf16 cache and FP8 caches with per-token
+    # and per-head scales; two rows GEMVs of two types in one launch (Q4_K + Q6_K, Q8_0 + Q4_K);
+    # the greedy argmax (one counted launch, with its picks stored to the host too and without)
+    # and the ids' copy to the host; a graph step's staging, with and without tokens in flight
+    assert done.stdout.count("compiled for sm_90") == 12 + 150 + 11 * 8 + 6 + 5 + 3 + 2 + 2 + 1 + 2
 
 
 _LATE_NEXT = """
 import json
 from gguf import GGMLQuantizationType as T
-from shared.kernels.qmatmul import packed_int8_rows_policy as policy
 from tools.compile_launches import compile_pair
 from tools.kernel_sass import compile_kernel
 
@@ -59,19 +55,19 @@ def places(ptx):
             "weights": at("L1::evict_first")}
 
 out = {}
-for late in (False, True):
-    policy.LATE_NEXT_ROPE = frozenset({(int(T.Q4_K),)} if late else ())
-    out[f"rope-{late}"] = places(compile_kernel("gemv-r8r", T.Q4_K).asm["ptx"])
-    policy.LATE_NEXT = late
-    out[f"pair-{late}"] = places(compile_pair((T.Q4_K, T.Q6_K)).asm["ptx"])
+for late in (False, True):  # the RoPE epilogue: late for Q4_K and Q4_K + Q6_K (LATE_NEXT_ROPE)
+    rows = compile_kernel("gemv-r8r" if late else "gemv-r8", T.Q4_K)
+    out[f"rope-{late}"] = places(rows.asm["ptx"])
+    out[f"pair-{late}"] = places(compile_pair((T.Q4_K, T.Q6_K), rope=late).asm["ptx"])
 print(json.dumps(out))
 """
 
 
 def test_late_next_moves_the_dependents_launch_after_the_weight_loop() -> None:
-    """``packed_int8_rows_policy.late_next``: the Q/K/V rows GEMV with the RoPE epilogue and
-    the pair launch let the next kernel's programs be placed first thing by default, and with
-    the flag only after their weight loads (sm_90 PTX), still once a program."""
+    """``packed_int8_rows_policy.late_next``: the Q4_K rows GEMV and the Q4_K + Q6_K pair
+    launch let the next kernel's programs be placed first thing, and with the RoPE epilogue
+    (the Q/K/V launches, ``LATE_NEXT_ROPE``) only after their weight loads (sm_90 PTX), still
+    once a program."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # real compiles
     done = subprocess.run(
         [sys.executable, "-c", _LATE_NEXT], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 
-import shared.kernels.qmatmul.norm_ahead as norm_ahead
 from shared.kernels.device import interpreted
 from shared.kernels.norm import add_rms_norm_int8
 from shared.kernels.qmatmul.int8_activations import (
@@ -74,13 +73,8 @@ def _rounded(y: torch.Tensor, w: int, g: int) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize(
     "layouts", [((32, 8),), ((16, 16),), ((16, 16), (32, 8))], ids=["32", "16", "both"]
 )
-@pytest.mark.parametrize(("split", "early"), [(1, True), (4, True), (1, False), (4, False)])
-def test_the_epilogue_adds_sums_and_rounds(
-    layouts: tuple, split: int, early: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """early: the residual and the norm weight loaded with the activations (EARLY_LOADS), else
-    in the epilogue."""
-    monkeypatch.setattr(norm_ahead, "EARLY_LOADS", early)
+@pytest.mark.parametrize("split", [1, 4])
+def test_the_epilogue_adds_sums_and_rounds(layouts: tuple, split: int) -> None:
     n, k = 512, 512
     iw = _weight(T.Q4_K, n, k, seed=split)
     x = _randn(1, k, seed=1)

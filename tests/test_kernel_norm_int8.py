@@ -101,31 +101,3 @@ def test_a_row_over_programs_equals_one_program(rows: int, monkeypatch) -> None:
         # the sub-blocks' float sums follow the tile's register layout ([SLICE / W, W] against
         # [N / W, W]): compiled, one of 3 x 128 sums differed in its last bit on the H200
         torch.testing.assert_close(sliced[2][layout][2], xs, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("rows", [1, 3, 12])
-@pytest.mark.parametrize("residual", [True, False], ids=["add", "first"])
-def test_loads_first_changes_no_bit(rows: int, residual: bool, monkeypatch) -> None:
-    """``_LOADS_FIRST`` (the weight before the wait, a program's slice with the whole row) only
-    moves loads: the normed rows, the residual and the int8 codes are bit for bit the same,
-    sliced (1 and 3 rows) or a program a row (12), and for QK-norm's heads."""
-    g = torch.Generator().manual_seed(rows)
-    x, r = (torch.randn(rows, 2048, generator=g).to(DEVICE, torch.bfloat16) for _ in range(2))
-    w = torch.randn(2048, generator=g).to(DEVICE, torch.bfloat16)
-    heads = torch.randn(rows, 4, 128, generator=g).to(DEVICE, torch.bfloat16)
-    layouts = ((32, 8), (16, 16))
-
-    def run():
-        return (
-            add_rms_norm_int8(x, r if residual else None, w, EPS, layouts),
-            rms_norm(heads, w[:128], EPS),
-        )
-
-    monkeypatch.setattr(norm, "_LOADS_FIRST", False)
-    (normed, res, rounded), qk = run()
-    monkeypatch.setattr(norm, "_LOADS_FIRST", True)
-    (normed2, res2, rounded2), qk2 = run()
-    assert torch.equal(normed, normed2) and torch.equal(res, res2) and torch.equal(qk, qk2)
-    assert rounded.keys() == rounded2.keys() and (rows > 4) == (not rounded)
-    for layout, bufs in rounded.items():
-        assert all(torch.equal(a, b) for a, b in zip(bufs, rounded2[layout], strict=True))

@@ -103,8 +103,8 @@ def test_split_linear_pairs_its_parts_at_batch_one(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(linear, "rows_gemv_pair", lambda *a: calls.append(1) or real(*a))
     paired = lin(normed, rounded)
     assert calls == [1]
-    monkeypatch.setattr(linear, "_PAIRED", False)
-    apart = lin(normed, rounded)
+    q, k = torch.split(lin.parts[0](normed, rounded), [64, 32], dim=-1)  # one launch a part
+    apart = (q, k, lin.parts[1](normed, rounded))
     assert len(paired) == len(apart) == 3
     # q/k bit for bit; v took q/k's split (one, where its own is two): float32 summation order
     assert torch.equal(paired[0], apart[0]) and torch.equal(paired[1], apart[1])

@@ -21,7 +21,6 @@ from gguf import GGMLQuantizationType as T
 
 from shared.kernels.qmatmul.layout import ROWS, ROWS_TYPES
 from shared.kernels.qmatmul.packed import pack, unpack
-from shared.kernels.qmatmul.packed_int8_rows_policy import CACHE_HINTS
 from shared.kernels.qmatmul.packed_matmul import WIDE_MAXNREG, packed_matmul, wide_warps
 from shared.kernels.qmatmul.packed_rows import deinterleave, interleave, unit
 from tests.test_kernel_packed_int8 import _layout, representable
@@ -93,19 +92,6 @@ def test_random_activations_match_the_int8_gemv(qtype: T, qx: int) -> None:
     want = packed_matmul(x, pw, torch.float32, config={"BLOCK_N": 16, "num_warps": 1, "INT8": 1})
     got = packed_matmul(x, interleave(pw), torch.float32, config=_cfg(3, 2, QX=qx))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
-
-
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_1], ids=lambda t: t.name)
-def test_cache_hints_give_the_same_bits(qtype: T) -> None:
-    """The weight loads' cache modifier and eviction policy (config key CACHE) change how the
-    words travel, never their values: every hint gives the plain loads' product exactly."""
-    n, k = 37, 1024
-    pw = interleave(_weight(qtype, n, k, seed=11))
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(12)).to(DEVICE)
-    plain = packed_matmul(x, pw, torch.float32, config=_cfg(2, 2))
-    for hint in CACHE_HINTS:
-        got = packed_matmul(x, pw, torch.float32, config=_cfg(2, 2, CACHE=hint))
-        assert torch.equal(got, plain), hint
 
 
 @pytest.mark.parametrize("split", [1, 3])

@@ -30,6 +30,10 @@ pytestmark = pytest.mark.skipif(
     reason="needs CUDA or TRITON_INTERPRET=1",
 )
 TYPES = sorted(ROWS_TYPES)
+# the CPU tier (tests/tiers.py): every type with several programs down M and a split K, the
+# one-program form (MR = M) for Q4_K only (the types differ in the code the batch-1 rows GEMV
+# shares, tested for every type in test_kernel_packed_int8_rows.py)
+CPU_TIER = {"test_rows_equal_the_rows_gemv_of_each": lambda p: p["m"] == 5 or p["qtype"] == T.Q4_K}
 
 
 def _cfg(mr: int, split: int, warps: int) -> dict:
@@ -80,10 +84,10 @@ def test_the_default_path_takes_it_up_to_batch_rows(monkeypatch: pytest.MonkeyPa
     """Without a config, 2 .. BATCH_ROWS rows of an interleaved weight run this kernel (at most
     BATCH_MR rows a program, the groups even), one row and more rows the other kernels; the
     tickets are back at zero after a split launch."""
-    rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
     pm = importlib.import_module("shared.kernels.qmatmul.packed_matmul")  # not the function
 
     assert [batch_config(None, m)["MR"] for m in (2, 3, 4, 5, 6, 8)] == [2, 3, 4, 3, 3, 4]
+    assert all("MAXNREG" not in batch_config(None, m) for m in (2, 3, 4))  # the compiler's
     seen: list[int] = []
     real = pm.launch_int8_rows_batch
 
@@ -101,18 +105,6 @@ def test_the_default_path_takes_it_up_to_batch_rows(monkeypatch: pytest.MonkeyPa
     torch.testing.assert_close(got, x @ unpack(pw).T, rtol=1e-5, atol=1e-3)
     assert seen == [BATCH_ROWS]
     assert int(pw.tickets.abs().sum()) == 0
-    monkeypatch.setattr(rb, "BATCH_ROWS", 6)  # read at the call (tools.ab_w1's variants)
-    packed_matmul(x[:5], pw, torch.float32)
-    assert seen == [BATCH_ROWS, 5]
-
-
-def test_the_register_budget_is_for_programs_of_two_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    """BATCH_MAXNREG (0 by default: the compiler's choice) is for programs of 2 rows only, read
-    at the call."""
-    rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
-    assert all("MAXNREG" not in batch_config(None, m) for m in (2, 3, 4))
-    monkeypatch.setattr(rb, "BATCH_MAXNREG", 128)
-    assert [batch_config(None, m).get("MAXNREG") for m in (2, 3, 4)] == [128, None, None]
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="Llama-3-8B shapes: GPU only")
@@ -151,12 +143,11 @@ def test_one_wave_split() -> None:
 
 
 def test_one_wave_takes_the_compiled_registers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """BATCH_WAVE (the default): without a SPLIT_K the split is cut to one wave of programs as
-    the compiled kernel's registers allow, found at a launch form's first call and kept on the
-    weight; the product is unchanged (to summation order). The interpreter has no registers:
-    there it keeps batch_split's count."""
+    """Without a SPLIT_K the split is cut to one wave of programs as the compiled kernel's
+    registers allow, found at a launch form's first call and kept on the weight; the product
+    is unchanged (to summation order). The interpreter has no registers: there it keeps
+    batch_split's count."""
     rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
-    assert rb.BATCH_WAVE
     seen = record_results(monkeypatch, rb, "wave_split")
     n, k, m = 6144, 4096, 2
     if DEVICE != "cuda":

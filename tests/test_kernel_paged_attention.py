@@ -321,15 +321,19 @@ def test_gpu_real_shapes(q_lens, ctx_lens, window, fp8) -> None:
 
 
 @pytest.mark.parametrize("name", ["decode", "chunk", "mixed"])
-def test_one_sequence_without_the_search_gives_the_same_bits(monkeypatch, name) -> None:
-    """``_ONE_SEQ``: a batch of one sequence takes it without _find_seq's search, the same
-    output bit for bit; batches of several sequences (the scenario's whole batch) still search."""
+def test_one_sequence_without_the_search_gives_the_same_bits(name) -> None:
+    """A batch of one sequence takes it without _find_seq's search: its output is, bit for
+    bit, that sequence's rows of the scenario's whole batch (whose programs search for their
+    sequence), with the same tiles (its longest query) and splits."""
     q_lens, ctx_lens = scenario(name)
-    for lens in ((q_lens[:1], ctx_lens[:1]), (q_lens, ctx_lens)):
-        batch = make_batch(*lens, 8, 2, 64, 16, F32)
-        monkeypatch.setattr(pa, "_ONE_SEQ", False)
-        searched = run_kernel(batch, 0.125, 0, num_splits=2)
-        monkeypatch.setattr(pa, "_ONE_SEQ", True)
-        direct = run_kernel(batch, 0.125, 0, num_splits=2)
-        assert torch.equal(direct, searched)
-        assert_close(direct, reference(batch, 0.125), TOL[F32])
+    batch = make_batch(q_lens, ctx_lens, 8, 2, 64, 16, F32)
+    b = q_lens.index(max(q_lens))
+    lo, hi = batch.query_start_loc[b], batch.query_start_loc[b + 1]
+    one = Batch(batch.q[lo:hi], batch.k_cache, batch.v_cache, batch.block_tables[b : b + 1],
+                [0, hi - lo], batch.seq_lens[b : b + 1])  # fmt: skip
+    assert one.max_query_len == batch.max_query_len
+    direct = run_kernel(one, 0.125, 0, num_splits=2)
+    searched = run_kernel(batch, 0.125, 0, num_splits=2)
+    assert torch.equal(direct, searched[lo:hi])
+    assert_close(direct, reference(one, 0.125), TOL[F32])
+    assert_close(searched, reference(batch, 0.125), TOL[F32])

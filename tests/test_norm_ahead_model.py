@@ -3,14 +3,14 @@
 tests/test_kernel_norm_ahead.py).
 
 A synthetic two-layer Llama quantized by llama.cpp, its planes interleaved as CUDA keeps them,
-is run with the Triton ops over a prompt chunk and then token by token, with the fold on and
-off (``linear.NORM_AHEAD``): the one-token steps launch the add + RMSNorm only for the first
-layer's attention norm (the output projections and the down projections do the rest, the last
-one the final norm with the LM head's rounding), the prompt chunk for every norm; the steps'
-logits are no farther from the float32 CPU reference than the norm launches' (the folded
-rounding's codes come from float32 ``h * w``, the norm's from its bf16 output). Q4_K_M (a Q4_K +
-Q6_K pair launch for Q/K/V in some layers) under TRITON_INTERPRET=1 on the CPU and
-natively on CUDA; Q8_0 on CUDA."""
+is run with the Triton ops over a prompt chunk and then token by token, with the fold and with
+every GEMV declining it (``forward_norm`` None, as where it cannot fold): the one-token steps
+launch the add + RMSNorm only for the first layer's attention norm (the output projections and
+the down projections do the rest, the last one the final norm with the LM head's rounding), the
+prompt chunk for every norm; the steps' logits are no farther from the float32 CPU reference
+than the norm launches' (the folded rounding's codes come from float32 ``h * w``, the norm's
+from its bf16 output). Q4_K_M (a Q4_K + Q6_K pair launch for Q/K/V in some layers) under
+TRITON_INTERPRET=1 on the CPU and natively on CUDA; Q8_0 on CUDA."""
 
 from __future__ import annotations
 
@@ -42,17 +42,19 @@ PROMPT, STEPS = 2, 2
 def _decode(path: Path, fold: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, list]:
     """(the logits of a prompt chunk and STEPS one-token steps, the rows of each add + RMSNorm
     launch that ran: the layers', then the final norm's)."""
-    monkeypatch.setattr(linear, "NORM_AHEAD", fold)
-    model = load_interleaved(path)
-    launches: list[int] = []
-    for layer in model.layers:
-        real = layer.add_norm
-        layer.add_norm = lambda x, *a, real=real: launches.append(x.shape[0]) or real(x, *a)
-    final: list[int] = []
-    real = model.ops.add_rms_norm_int8
-    model.ops.add_rms_norm_int8 = lambda x, *a: final.append(x.shape[0]) or real(x, *a)
-    ids = [1] + np.random.default_rng(6).integers(3, SPEC.vocab, PROMPT + STEPS - 1).tolist()
-    return decode_logits(model, ids, PROMPT), launches + ["final"] + final
+    with monkeypatch.context() as patch:
+        if not fold:  # every GEMV declines the fold, as where it cannot: the norm launches
+            patch.setattr(linear.QuantLinear, "forward_norm", lambda self, *a: None)
+        model = load_interleaved(path)
+        launches: list[int] = []
+        for layer in model.layers:
+            real = layer.add_norm
+            layer.add_norm = lambda x, *a, real=real: launches.append(x.shape[0]) or real(x, *a)
+        final: list[int] = []
+        real = model.ops.add_rms_norm_int8
+        model.ops.add_rms_norm_int8 = lambda x, *a: final.append(x.shape[0]) or real(x, *a)
+        ids = [1] + np.random.default_rng(6).integers(3, SPEC.vocab, PROMPT + STEPS - 1).tolist()
+        return decode_logits(model, ids, PROMPT), launches + ["final"] + final
 
 
 # Q8_0 natively only: two decodes of five minutes each under the interpreter

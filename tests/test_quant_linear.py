@@ -124,12 +124,11 @@ def test_loader_fuses_each_run_of_one_type(tmp_path) -> None:
 )
 def test_rows_gemvs_take_activations_rounded_by_the_norm(qtype: T, m: int, monkeypatch) -> None:
     """Over interleaved planes (as CUDA keeps them) a layer names the int8 layout it rounds to:
-    at batch 1 (the rows GEMV), and for 2-4 rows (the batch rows GEMV) unless ROUND_AHEAD_ROWS
-    is 1. Given that rounding made by the RMSNorm (add_rms_norm_int8), it launches none of its
-    own and gives the product it gives without."""
+    at batch 1 (the rows GEMV), and for 2-4 rows (the batch rows GEMV, up to ROUND_AHEAD_ROWS).
+    Given that rounding made by the RMSNorm (add_rms_norm_int8), it launches none of its own and
+    gives the product it gives without."""
     import shared.kernels.qmatmul.packed_int8_rows as rows_gemv
     import shared.kernels.qmatmul.packed_int8_rows_batch as batch_gemv
-    import shared.model.linear as linear
     from shared.kernels.norm import add_rms_norm_int8
     from shared.kernels.qmatmul.int8_activations import int8_layout
     from shared.kernels.qmatmul.packed_rows import interleave
@@ -139,9 +138,6 @@ def test_rows_gemvs_take_activations_rounded_by_the_norm(qtype: T, m: int, monke
                         use_kernels=True)  # fmt: skip
     if not layer.packed.rows32:
         layer.packed = interleave(layer.packed)
-    monkeypatch.setattr(linear, "ROUND_AHEAD_ROWS", 1)
-    assert (layer.int8_layout(m) is None) == (m > 1)  # batch 1 only
-    monkeypatch.setattr(linear, "ROUND_AHEAD_ROWS", 4)  # the default
     layout = layer.int8_layout(m)
     assert layout == int8_layout(layer.packed) and layer.int8_layout(5) is None
     x, r = torch.randn(m, K, device=DEVICE), torch.randn(m, K, device=DEVICE)

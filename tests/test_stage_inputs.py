@@ -1,7 +1,7 @@
 """A step's inputs staged into a graph's buffers in one launch (shared.kernels.stage_inputs):
-the same buffers as StepGraphs' copies and fills (STAGED off) for decode and mixed steps, with
-tokens in flight taken from the previous step's output, and sizes that do not fit refused.
-On the CPU the kernel runs under the Triton interpreter (TRITON_INTERPRET=1)."""
+the buffers a torch reference fills in (the real values, then the padding) for decode and mixed
+steps, with tokens in flight taken from the previous step's output, and sizes that do not fit
+refused. On the CPU the kernel runs under the Triton interpreter (TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 
-from shared.engine import cuda_graphs
 from shared.engine.cuda_graphs import StepGraphs
 from shared.kernels.stage_inputs import stage_inputs
 from shared.kv import KVPool
@@ -42,14 +41,36 @@ def _batch(lengths: list[int], logits: str = "last", extra=()) -> ForwardBatch:
     return ForwardBatch.build(chunks, 16, DEVICE, extra)
 
 
-def _after(g: StepGraphs, batch: ForwardBatch, staged: bool, fill=None) -> dict:
+def _after(g: StepGraphs, batch: ForwardBatch, fill=None) -> dict:
     kind, b = g._key(batch)
     s_pad = b if kind == "decode" else g.max_seqs
-    if staged:
-        g._stage(batch, kind, b, s_pad, fill)
-    else:
-        g._copy(batch, kind, b, s_pad)
+    g._stage(batch, kind, b, s_pad, fill)
     return {name: getattr(g, name).clone() for name in _NAMES}
+
+
+def _reference(g: StepGraphs, batch: ForwardBatch) -> dict:
+    """The buffers after the step's inputs go in, from g's (stale) ones: the real values, and
+    padding tokens 0 at position 0 writing no slot, padding logits rows 0, padding sequences
+    starting at the token count and empty; a mixed step's split count (3, _graphs)."""
+    kind, b = g._key(batch)
+    s_pad = b if kind == "decode" else g.max_seqs
+    want = {name: getattr(g, name).clone() for name in _NAMES}
+    n, seqs = batch.token_ids.shape[0], batch.seq_lens_t.shape[0]
+    rows, w = batch.logits_rows.shape[0], batch.block_tables.shape[1]
+    for name, src, pad in (("token_ids", batch.token_ids, 0), ("positions", batch.positions, 0),
+                           ("slot_mapping", batch.slot_mapping, -1)):  # fmt: skip
+        want[name][:n] = src
+        want[name][n:b] = pad
+    if kind == "mixed":
+        want["mixed_rows"][:rows] = batch.logits_rows
+        want["mixed_rows"][rows : g._rows(kind, b)] = 0
+        want["attn_splits"].fill_(3)
+    want["block_tables"][:seqs, :w] = batch.block_tables
+    want["query_start_loc"][: seqs + 1] = batch.query_start_loc_t
+    want["query_start_loc"][seqs + 1 : s_pad + 1] = n
+    want["seq_lens"][:seqs] = batch.seq_lens_t
+    want["seq_lens"][seqs:s_pad] = 0
+    return want
 
 
 @pytest.mark.parametrize(
@@ -57,22 +78,13 @@ def _after(g: StepGraphs, batch: ForwardBatch, staged: bool, fill=None) -> dict:
     [([1, 1, 1], "last"), ([1] * 8, "last"), ([1, 1, 30], "last"), ([1, 40, 30], "none"),
      ([4, 4], "all")],
 )  # fmt: skip
-def test_staged_inputs_equal_the_copies(lengths: list[int], logits: str) -> None:
+def test_staged_inputs_equal_the_reference(lengths: list[int], logits: str) -> None:
     batch = _batch(lengths, logits)
-    kind, b = _graphs()._key(batch)
-    seed = torch.get_rng_state()
-    copied = _after(_graphs(), batch, staged=False)
-    torch.set_rng_state(seed)
-    staged = _after(_graphs(), batch, staged=True)
-    n = batch.token_ids.shape[0]
+    g = _graphs()
+    want = _reference(g, batch)
+    staged = _after(g, batch)
     for name in _NAMES:
-        if name in ("token_ids", "positions") and kind == "decode":
-            # the copies leave a decode's padding tokens stale; staging makes them token 0 at
-            # position 0, as a mixed step's: the real ones must agree, the padding is zero
-            assert torch.equal(staged[name][:n], copied[name][:n]), name
-            assert not staged[name][n:b].any(), name
-        else:
-            assert torch.equal(staged[name], copied[name]), name
+        assert torch.equal(staged[name], want[name]), name
 
 
 def test_tokens_in_flight_come_from_the_previous_output() -> None:
@@ -80,7 +92,7 @@ def test_tokens_in_flight_come_from_the_previous_output() -> None:
     batch = _batch([1, 1, 1])
     fill_rows = torch.tensor([2, -1, 0], device=DEVICE)  # tokens 0 and 2 in flight
     g = _graphs()
-    _after(g, batch, staged=True, fill=(fill_rows, prev))
+    _after(g, batch, fill=(fill_rows, prev))
     assert g.token_ids[:3].tolist() == [502, 8, 500]
     assert g.positions[:3].tolist() == batch.positions.tolist()
 
@@ -94,7 +106,7 @@ def test_the_runner_fills_tokens_in_flight_through_the_staging(monkeypatch) -> N
     class _Fake:
         last_key = ("decode", 4)
 
-        def stages(self, batch):
+        def fits(self, batch):
             return True
 
         def run(self, batch, fill=None):
@@ -135,12 +147,3 @@ def test_sizes_that_do_not_fit_are_refused() -> None:
     wide = dict(src, block_tables=torch.zeros(3, 99, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="block tables"):
         stage_inputs(wide, dst, 4, 4)
-
-
-def test_staging_is_on_by_default_and_fill_needs_it(monkeypatch) -> None:
-    assert cuda_graphs.STAGED
-    g = _graphs()
-    monkeypatch.setattr(cuda_graphs, "STAGED", False)
-    assert not g.stages(_batch([1, 1]))
-    with pytest.raises(ValueError, match="staged"):
-        g.run(_batch([1, 1]), (torch.tensor([-1, -1]), torch.tensor([1])))

@@ -104,14 +104,14 @@ def compile_norm(layouts: tuple[tuple[int, int], ...], arch: int = 90, rows: int
     return compiled["_rms_norm_kernel"]
 
 
-def compile_argmax(counted: bool, arch: int = 90, host: bool = False) -> dict:
+def compile_argmax(arch: int = 90, host: bool = False) -> dict:
     """The greedy argmax as ``argmax_rows`` launches it for one row of Llama-3's 128,256
-    float32 logits: one counted launch, or the slices' launch and the pick's; with host, its
-    picks stored into host memory too. {name: kernel}."""
+    float32 logits (one counted launch); with host, its picks stored into host memory too.
+    {name: kernel}."""
     import shared.kernels.argmax as argmax
 
     with _compile_only(arch, argmax) as compiled:
-        counts = torch.zeros(64, dtype=torch.int32) if counted else None
+        counts = torch.zeros(64, dtype=torch.int32)
         ids = torch.zeros(1, dtype=torch.int64) if host else None
         argmax.argmax_rows(torch.empty(1, 128256), counts, ids)
     return compiled
@@ -173,13 +173,15 @@ def compile_rope_kv(kv: str, arch: int = 90):
     return compiled["_rope_write_kv_kernel"]
 
 
-def compile_pair(types: tuple[int, int], arch: int = 90):
+def compile_pair(types: tuple[int, int], arch: int = 90, rope: bool = False):
     """Two rows GEMVs in one launch as ``SplitLinear`` makes it at batch 1 for Llama-3-8B's
-    q/k (5,120 rows) and v (1,024 rows) of the two types, bf16 activations."""
+    q/k (5,120 rows) and v (1,024 rows) of the two types, bf16 activations; with rope, the
+    RoPE epilogue writing k and v into bf16 caches (``qkv_rope``), as the Q/K/V launch."""
     import shared.kernels.qmatmul.packed_int8_pair as pair
     from shared.kernels.qmatmul.int8_activations import int8_buffers
     from shared.kernels.qmatmul.packed import pack
     from shared.kernels.qmatmul.packed_rows import interleave
+    from shared.kernels.qmatmul.qkv_rope import QKVRope
     from shared.quant import block_geometry
 
     def weight(qtype: int, n: int):
@@ -192,6 +194,11 @@ def compile_pair(types: tuple[int, int], arch: int = 90):
         x = torch.empty(1, 4096, dtype=torch.bfloat16)
         splits = pair.pair_splits(a, b, 4)
         cfg = {"ROWS": 1, "num_warps": 4}
+        target = None
+        if rope:
+            pos, cache = torch.zeros(1, dtype=torch.int64), torch.empty(128, 16, 8, 128)
+            cache = cache.to(torch.bfloat16)
+            target = (QKVRope(pos, pos, cache, torch.empty_like(cache), 32, 128, 5e5), 0)
         pair.rows_gemv_pair(x, a, b, int8_buffers(x[0], a), int8_buffers(x[0], b), cfg, splits,
-                            False)  # fmt: skip
+                            False, target)  # fmt: skip
     return compiled["gemv_int8_pair_kernel"]

@@ -131,14 +131,8 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         consts |= {"OUT_W": 32 if act or kind == "gemv-r8n" else 0, "OUT_G": 8}
         norm_out = kind == "gemv-r8n"
         consts |= {"NORM_OUT": norm_out, "OUT_W2": 16 if norm_out else 0, "OUT_G2": 16}
-        consts["NORM_EARLY"] = (
-            norm_out and importlib.import_module("shared.kernels.qmatmul.norm_ahead").EARLY_LOADS
-        )
         consts["NORM_BLOCK"] = k // 32 if kind == "gemv-r8p" else 0
-        # the weights' cache hints (config CACHE): plain loads for gemv-r8, evict-first for r8e
-        # (the default; r8r too) and r8s (scales too), .cg for r8c
-        hint = {"gemv-r8e": 1, "gemv-r8c": 2, "gemv-r8s": 3, "gemv-r8r": 1}.get(kind, 0)
-        consts["CM"], consts["EP"], consts["SEP"] = policy.CACHE_HINTS[hint]
+        consts["CM"], consts["EP"], consts["SEP"] = policy.WEIGHT_HINTS
         return ir.gemv_int8_rows_kernel, args, {**consts, "QX": kind == "gemv-r8q"}
     if kind == "gemv-rb":  # M activation rows in one program (packed_int8_rows_batch)
         rb = importlib.import_module("shared.kernels.qmatmul.packed_int8_rows_batch")
@@ -148,7 +142,7 @@ def _launch_args(kind: str, pw, m: int) -> tuple[object, list, dict]:
         args = [xq, xd, xd, *_planes(pw), out, part, pw.tickets, m, n, chunks, chunks // 2]
         args += [*strides, xq.stride(0), xd.stride(0), out.stride(0)]
         consts = {**fields, "KW": 4, "SPLITS": 2, "MR": m, "ACT": act, "PDL": True}
-        consts["CM"], consts["EP"], consts["SEP"] = policy.cache_hints({})
+        consts["CM"], consts["EP"], consts["SEP"] = policy.WEIGHT_HINTS
         return rb.gemv_int8_rows_batch_kernel, args, consts
     if kind == "gemm-16":  # Q4_K / Q6_K weights formed in fp16 (packed_gemm16)
         g16 = importlib.import_module("shared.kernels.qmatmul.packed_gemm16")
@@ -300,16 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         build = functools.partial(compile_rope_kv, kv, args.arch)
         if not _report(f"RoPE + KV write, {kv}", build, args.check, args.arch, whole_stats):
             return 1
-    for counted, name, host in (
-        (True, "_slice_kernel", False),
-        (False, "_slice_kernel", False),
-        (False, "_pick_kernel", False),
-        (True, "_slice_kernel", True),
-        (False, "_pick_kernel", True),
-    ):
-        what = f"argmax {name}" + (", counted (one launch)" if counted else "")
+    for host in (False, True):
+        what = "argmax _slice_kernel, counted (one launch)"
         what += ", picks stored to the host too" if host else ""
-        build = lambda c=counted, n=name, h=host: compile_argmax(c, args.arch, h)[n]  # noqa: E731
+        build = lambda h=host: compile_argmax(args.arch, h)["_slice_kernel"]  # noqa: E731
         if not _report(what, build, args.check, args.arch, whole_stats):
             return 1
     build = lambda: compile_host_copy(args.arch)["_copy_kernel"]  # noqa: E731
@@ -331,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
              ("gemv-act", 1, 4), ("gemv-f-act", 1, 2), ("gemm-w-act", 64, 4),
              ("gemm-16", 64, 4), ("gemm-16-act", 64, 4), ("x16", 64, 1),
              ("gemv-i8t", 1, 4), ("gemv-i8q", 1, 4), ("gemv-r8", 1, 4),
-             ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8e", 1, 4), ("gemv-r8c", 1, 4),
-             ("gemv-r8s", 1, 4), ("gemv-r8r", 1, 4), ("gemv-r8n", 1, 4), ("gemv-r8p", 1, 4),
+             ("gemv-r8q", 1, 4), ("gemv-r8-act", 1, 4), ("gemv-r8r", 1, 4), ("gemv-r8n", 1, 4),
+             ("gemv-r8p", 1, 4),
              ("gemv-rb", 2, 4), ("gemv-rb", 4, 4),
              ("gemm-w-r32", 64, 4),
              ("dequant-r32", 1, 4),
@@ -360,9 +348,6 @@ def main(argv: list[str] | None = None) -> int:
                 "gemv-i8q": 128,
                 "gemv-r8": 128,
                 "gemv-r8q": 128,
-                "gemv-r8e": 128,
-                "gemv-r8c": 128,
-                "gemv-r8s": 128,
                 "gemv-r8r": 128,
                 "gemv-r8n": 128,
                 "gemv-r8p": 128,

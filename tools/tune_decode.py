@@ -59,9 +59,7 @@ def coordinate_search(
 
 def rows_trials(default_split: int) -> list[dict]:
     """The default tile (4 warps, no prefetch or prologue rounding) at every split, then at the
-    default split the same tile with QX, the other rows tiles, and the weight loads' cache hints
-    (CACHE: packed_int8_rows_policy.CACHE_HINTS, other than the default)."""
-    from shared.kernels.qmatmul.packed_int8_rows_policy import CACHE_HINTS, DEFAULT_CACHE
+    default split the same tile with QX and the other rows tiles."""
     from shared.kernels.qmatmul.tuning import ROWS_TILES
 
     tile = {"ROWS": 1, "INT8": 1, "num_warps": 4, "PREFETCH": 0, "QX": 0}
@@ -71,9 +69,6 @@ def rows_trials(default_split: int) -> list[dict]:
     for w, p, qx in ((4, 0, 1), *ROWS_TILES):
         if (w, p, qx) != (4, 0, 0):
             out.append({**tile, "num_warps": w, "PREFETCH": p, "QX": qx, "SPLIT_K": default_split})
-    out += [
-        {**tile, "CACHE": c, "SPLIT_K": default_split} for c in CACHE_HINTS if c != DEFAULT_CACHE
-    ]
     return out
 
 

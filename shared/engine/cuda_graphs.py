@@ -35,12 +35,6 @@ from shared.kv import KVPool
 from shared.model import ForwardBatch
 from shared.model.causal_lm import CausalLM
 
-# a step's inputs go into the graph's buffers in one launch (stage_inputs), not 8-12 copies
-# and fills; off: the copies (tools/ab_w1 stage-off)
-STAGED = True
-# a graph's logits converted to float32 into the shared buffer by one launch, not a conversion
-# and a copy (off: tools/ab_w1 step-io-off)
-LOGITS_INTO = True
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # at most 50 % padding up to 128 tokens and 25 % from there (prefill is compute-bound above
 # ~200 rows: padding costs in proportion)
@@ -233,10 +227,7 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             self.outputs[key] = self.logits[: self._rows(*key[:2])]
             with torch.cuda.graph(graph, pool=self.pool):
-                if LOGITS_INTO:
-                    self.model(batch, self.kv, out=self.outputs[key])
-                else:
-                    self.outputs[key].copy_(self.model(batch, self.kv))
+                self.model(batch, self.kv, out=self.outputs[key])
             self.pool = graph.pool()
             self.graphs[key] = graph
         # A graph's first replay uploads it to the device. Each graph is replayed once here so
@@ -273,10 +264,6 @@ class StepGraphs:
     def fits(self, batch: ForwardBatch) -> bool:
         return self._key(batch) is not None
 
-    def stages(self, batch: ForwardBatch) -> bool:
-        """Whether run() replays this batch from staged inputs, filling in tokens in flight."""
-        return STAGED and self.fits(batch)
-
     def run(
         self, batch: ForwardBatch, fill: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor | None:
@@ -291,12 +278,7 @@ class StepGraphs:
         seqs = batch.seq_lens_t.shape[0]
         rows = batch.logits_rows.shape[0]
         s_pad = b if kind == "decode" else self.max_seqs
-        if STAGED:
-            self._stage(batch, kind, b, s_pad, fill)
-        elif fill is not None:
-            raise ValueError("tokens in flight are filled in by the staged inputs only (stages)")
-        else:
-            self._copy(batch, kind, b, s_pad)
+        self._stage(batch, kind, b, s_pad, fill)
         graph = (kind, b, None)
         if kind == "decode":
             want, keys = decode_rule(seqs, *self._attention(batch.max_seq_len))
@@ -319,25 +301,3 @@ class StepGraphs:
             src, self._staged, b, s_pad, rows_pad=self._rows(kind, b) if mixed else 0,
             splits=self._chunk_splits(batch, b) if mixed else 0, fill=fill,
         )  # fmt: skip
-
-    def _copy(self, batch: ForwardBatch, kind: str, b: int, s_pad: int) -> None:
-        """The step's inputs into the graphs' buffers, a copy or fill each (STAGED off)."""
-        n, seqs = batch.token_ids.shape[0], batch.seq_lens_t.shape[0]
-        rows = batch.logits_rows.shape[0]
-        self.token_ids[:n].copy_(batch.token_ids, non_blocking=True)
-        self.positions[:n].copy_(batch.positions, non_blocking=True)
-        self.slot_mapping[:n].copy_(batch.slot_mapping, non_blocking=True)
-        self.slot_mapping[n:b].fill_(-1)
-        if kind == "mixed":
-            self.token_ids[n:b].zero_()
-            self.positions[n:b].zero_()
-            self.mixed_rows[:rows].copy_(batch.logits_rows, non_blocking=True)
-            self.mixed_rows[rows : self._rows(kind, b)].zero_()
-        w = batch.block_tables.shape[1]
-        self.block_tables[:seqs, :w].copy_(batch.block_tables, non_blocking=True)
-        self.query_start_loc[: seqs + 1].copy_(batch.query_start_loc_t, non_blocking=True)
-        self.query_start_loc[seqs + 1 : s_pad + 1].fill_(n)
-        self.seq_lens[:seqs].copy_(batch.seq_lens_t, non_blocking=True)
-        self.seq_lens[seqs:s_pad].zero_()
-        if kind == "mixed":
-            self.attn_splits.fill_(self._chunk_splits(batch, b))

@@ -26,13 +26,6 @@ from shared.kv.block_manager import BlockManager
 from shared.sampling import SampleOutput
 from shared.staging import PinnedRing
 
-# a step's sampled ids reach pinned host memory by a kernel's stores into a buffer of the
-# engine's PinnedRing (the greedy argmax's own, else host_copy's), not by a device->host copy
-# on the stream; off: the copy (tools/ab_w1 ids-copy). H200, W1 (BENCHMARKS.md 2026-12-03 (at)):
-# with the pinned inputs, against both copies, +0.2 to +0.6 % (call 2, the copy kernel); the
-# argmax's own stores against the copy, Q6_K +0.4 / +0.2 % (call 6)
-IDS_BY_KERNEL = True
-
 
 @dataclass
 class _InFlight:
@@ -55,8 +48,11 @@ def _to_host(
 ) -> tuple[SampleOutput, torch.cuda.Event | None]:
     """Start copying a step's results to pinned host memory; the event marks their arrival
     (waiting on it does not wait for steps launched after this one). ids: pinned int64 (a
-    PinnedRing's) for the token ids, where the argmax stored them already (out.host_ids) or a
-    kernel stores them now (IDS_BY_KERNEL); None: copied."""
+    PinnedRing's; given for a CUDA step, None off CUDA) for the token ids, where the argmax
+    stored them already (out.host_ids) or a kernel stores them now (host_copy), not a
+    device->host copy on the stream. H200, W1 (BENCHMARKS.md 2026-12-03 (at)): with the pinned
+    inputs, against both copies, +0.2 to +0.6 % (call 2, the copy kernel); the argmax's own
+    stores against the copy, Q6_K +0.4 / +0.2 % (call 6)."""
     if out.token_ids.device.type != "cuda":
         return out, None
 
@@ -68,10 +64,8 @@ def _to_host(
 
     if out.host_ids is not None:
         host_ids = out.host_ids
-    elif ids is not None:
-        host_ids = copy_to_host(out.token_ids.contiguous(), ids[: out.token_ids.shape[0]])
     else:
-        host_ids = copy(out.token_ids)
+        host_ids = copy_to_host(out.token_ids.contiguous(), ids[: out.token_ids.shape[0]])
     host = SampleOutput(host_ids, copy(out.logprobs), copy(out.top_ids), copy(out.top_logprobs))
     ready = torch.cuda.Event()
     ready.record()
@@ -156,7 +150,7 @@ class LLMEngine:
             if prev is None:  # the pipeline (re)starts: time its first step from its launch
                 self._resolved_at = time.perf_counter()
             ids = None  # where the step's ids go on the host (a buffer of the ring)
-            if IDS_BY_KERNEL and self.runner.device.type == "cuda":
+            if self.runner.device.type == "cuda":
                 ids = self._ids_ring.take(8 * len(work)).view(torch.int64)
             sampled, out = self.runner.run(work, prev.device_out if prev else None, ids)
             ready = None

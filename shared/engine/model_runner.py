@@ -14,13 +14,6 @@ from shared.model.causal_lm import CausalLM
 from shared.sampling import SampleOutput, Sampler
 from shared.staging import PinnedRing
 
-# a step replayed from a CUDA graph is built into pinned host memory, which the graph's staging
-# kernel reads in place (staging.PinnedRing): no host->device copy on the stream; off: built by
-# one copy to the device, as an eager step is (tools/ab_w1 inputs-copy). H200, W1, two rounds
-# (BENCHMARKS.md 2026-12-03 (at) call 2, with the ids' copy kernel, against both copies):
-# Q4_K_M +0.6 / +0.4 %, Q6_K +0.4 / +0.3 %, Q8_0 +0.2 / +0.3 %
-PINNED_INPUTS = True
-
 
 class ModelRunner:
     def __init__(
@@ -81,7 +74,7 @@ class ModelRunner:
             chunks, self.kv.block_size, self.device, from_prev if in_flight else (),
             pinned=ring.take if ring is not None else None,
         )  # fmt: skip
-        staged = self.graphs is not None and self.graphs.stages(batch)
+        staged = self.graphs is not None and self.graphs.fits(batch)  # run() stages its inputs
         if ring is not None and not staged:
             batch = batch.on_device(self.device)  # an eager step's kernels read the device
         on_device = None  # (per-token rows, prev's tokens): filled in by the graph's staging
@@ -114,8 +107,12 @@ class ModelRunner:
         return sampled, out
 
     def _reads_pinned(self) -> bool:
-        """Whether steps are built into pinned memory (graphs on a CUDA device)."""
-        return PINNED_INPUTS and self.graphs is not None and self.device.type == "cuda"
+        """Whether steps are built into pinned host memory (graphs on a CUDA device), which the
+        graph's staging kernel reads in place (staging.PinnedRing): no host->device copy on the
+        stream. H200, W1, against one copy to the device as an eager step's, two rounds
+        (BENCHMARKS.md 2026-12-03 (at) call 2): Q4_K_M +0.6 / +0.4 %, Q6_K +0.4 / +0.3 %, Q8_0
+        +0.2 / +0.3 %."""
+        return self.graphs is not None and self.device.type == "cuda"
 
     @property
     def last_runs(self) -> str:

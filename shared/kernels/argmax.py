@@ -2,15 +2,15 @@
 
 torch reduces a row with one program: at batch 1 a 128,256-entry row took 27 us on the H200
 (BENCHMARKS.md (ab)). Here a row is cut into slices: each program finds its slice's maximum
-and that maximum's first index, then a second launch picks among the slices. With a counter
-buffer (``counts``, zeros, kept by the caller) it is one launch: each slice counts itself
-done and the row's last slice picks, then sets the count back to zero. The result is
-``torch.argmax``'s: the first index of the maximum, NaN counting above every number (the
-first NaN wins), read in the logits' own dtype (any float; no float32 copy).
+and that maximum's first index, and counts itself done in a counter buffer (``counts``, zeros,
+kept by the caller); the row's last slice picks among the slices, then sets the count back to
+zero: one launch. The result is ``torch.argmax``'s: the first index of the maximum, NaN
+counting above every number (the first NaN wins), read in the logits' own dtype (any float; no
+float32 copy).
 
 ``host``: the picks are also stored into that tensor by the same program (pinned host memory,
 mapped into the device's address space): the step's ids reach the host with no copy of their
-own (``engine.IDS_BY_KERNEL``).
+own (``engine._to_host``).
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ def _first_max(vals, idx, BIG: tl.constexpr):
 @triton.jit
 def _slice_kernel(
     x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, n, n_slices, host_ptr=None,
-    BLOCK: tl.constexpr = 4096, COUNTED: tl.constexpr = False, PICK: tl.constexpr = 16,
-    HOST: tl.constexpr = False, NEXT: tl.constexpr = False,
+    BLOCK: tl.constexpr = 4096, PICK: tl.constexpr = 16, HOST: tl.constexpr = False,
+    NEXT: tl.constexpr = False,
 ):  # fmt: skip
-    """A slice's maximum and its first index; COUNTED: then the row's last slice to finish
-    (by count_ptr[row]) picks among them into out_ptr[row]. NEXT: the next kernel's programs
-    may start (gdc; this one is launched after the kernel before it, as usual)."""
+    """A slice's maximum and its first index; then the row's last slice to finish (by
+    count_ptr[row]) picks among them into out_ptr[row]. NEXT: the next kernel's programs may
+    start (gdc; this one is launched after the kernel before it, as usual)."""
     launch_next(NEXT)
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
@@ -54,23 +54,22 @@ def _slice_kernel(
     top, at = _first_max(vals, tl.where(live, idx, 2147483647), 2147483647)
     tl.store(val_ptr + row * n_slices + s, top)
     tl.store(idx_ptr + row * n_slices + s, at)
-    if COUNTED:
-        # release: the stores above are seen by the program that takes the last count (acquire)
-        done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
-        if done == n_slices - 1:
-            _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, PICK, ".cg",  # past L1: in L2
-                      host_ptr, HOST)  # fmt: skip
-            tl.store(count_ptr + row, 0)  # every slice of this launch has counted: the next may
+    # release: the stores above are seen by the program that takes the last count (acquire)
+    done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+    if done == n_slices - 1:
+        _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, PICK, host_ptr, HOST)
+        tl.store(count_ptr + row, 0)  # every slice of this launch has counted: the next may
 
 
 @triton.jit
-def _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK: tl.constexpr, CACHE: tl.constexpr,
-              host_ptr=None, HOST: tl.constexpr = False):  # fmt: skip
+def _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK: tl.constexpr, host_ptr=None,
+              HOST: tl.constexpr = False):  # fmt: skip
+    # the slices' results loaded past L1 (".cg": in L2, where the other programs stored them)
     s = tl.arange(0, BLOCK)
     live = s < n_slices
     vals = tl.load(val_ptr + row * n_slices + s, mask=live, other=-float("inf"),
-                   cache_modifier=CACHE)  # fmt: skip
-    at = tl.load(idx_ptr + row * n_slices + s, mask=live, other=2147483647, cache_modifier=CACHE)
+                   cache_modifier=".cg")  # fmt: skip
+    at = tl.load(idx_ptr + row * n_slices + s, mask=live, other=2147483647, cache_modifier=".cg")
     # slices are in index order, so the first index of the maximum among their firsts is the
     # row's first; an empty slice never exists (n_slices = cdiv(n, slice))
     _, first = _first_max(vals, at, 2147483647)
@@ -79,20 +78,13 @@ def _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK: tl.constexpr, CAC
         tl.store(host_ptr + row, first.to(tl.int64))
 
 
-@triton.jit
-def _pick_kernel(val_ptr, idx_ptr, out_ptr, n_slices, host_ptr, BLOCK: tl.constexpr,
-                 HOST: tl.constexpr):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    _pick_row(val_ptr, idx_ptr, out_ptr, row, n_slices, BLOCK, "", host_ptr, HOST)
-
-
 def argmax_rows(
-    x: torch.Tensor, counts: torch.Tensor | None = None, host: torch.Tensor | None = None
+    x: torch.Tensor, counts: torch.Tensor, host: torch.Tensor | None = None
 ) -> torch.Tensor:
     """argmax over the last dim of a [B, V] float tensor: [B] int64. counts: int32 zeros of
-    at least B entries on x's device, which launches of one stream share (one launch, which
-    leaves them zero), or None (two launches). host: a contiguous [B] int64 tensor the picks
-    are stored into as well (pinned host memory, the device's own, or on the CPU x's)."""
+    at least B entries on x's device, which launches of one stream share (the launch leaves
+    them zero). host: a contiguous [B] int64 tensor the picks are stored into as well (pinned
+    host memory, the device's own, or on the CPU x's)."""
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"argmax_rows: a [B, V] float tensor, got {x.dtype} {tuple(x.shape)}")
     if host is not None and (
@@ -109,17 +101,10 @@ def argmax_rows(
     idx = torch.empty(rows, n_slices, dtype=torch.int32, device=x.device)
     out = torch.empty(rows, dtype=torch.int64, device=x.device)
     pick = max(16, triton.next_power_of_2(n_slices))  # the pick's block: every slice's result
-    if counts is not None:
-        if counts.dtype != torch.int32 or counts.numel() < rows or counts.device != x.device:
-            raise ValueError(f"argmax_rows: counts must be {rows}+ int32 on {x.device}")
-        _slice_kernel[(rows, n_slices)](
-            x, vals, idx, counts, out, x.stride(0), n, n_slices, host, BLOCK=_SLICE,
-            COUNTED=True, PICK=pick, HOST=host is not None, NEXT=pdl(x.device, _slice_kernel),
-            num_warps=8,
-        )  # fmt: skip
-        return out
-    _slice_kernel[(rows, n_slices)](x, vals, idx, None, None, x.stride(0), n, n_slices,
-                                    BLOCK=_SLICE, num_warps=8)  # fmt: skip
-    _pick_kernel[(rows,)](vals, idx, out, n_slices, host, BLOCK=pick, HOST=host is not None,
-                          num_warps=1)  # fmt: skip
+    if counts.dtype != torch.int32 or counts.numel() < rows or counts.device != x.device:
+        raise ValueError(f"argmax_rows: counts must be {rows}+ int32 on {x.device}")
+    _slice_kernel[(rows, n_slices)](
+        x, vals, idx, counts, out, x.stride(0), n, n_slices, host, BLOCK=_SLICE, PICK=pick,
+        HOST=host is not None, NEXT=pdl(x.device, _slice_kernel), num_warps=8,
+    )  # fmt: skip
     return out

@@ -21,8 +21,6 @@ Under the interpreter and below sm_90, PDL is False and both are compiled out.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -34,11 +32,10 @@ __all__ = ["launch_kw", "launch_next", "pdl", "wait_prev"]
 
 def pdl(device: torch.device, kernel: object) -> bool:
     """Whether `kernel`'s launches on `device` use programmatic dependent launch: a GPU of
-    compute capability 9.0 or later, not the interpreter, and ``SKIFF_PDL`` not 0."""
+    compute capability 9.0 or later, not the interpreter."""
     return (
         device.type == "cuda"
         and not interpreted(kernel)
-        and os.environ.get("SKIFF_PDL", "1") != "0"
         and torch.cuda.get_device_capability(device)[0] >= 9
     )
 

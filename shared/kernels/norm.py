@@ -31,12 +31,6 @@ _SLICED_ROWS = 8
 # takes up to 4)
 ROUND_ROWS = 4
 _SLICE = 512
-# every load of a launch in one memory round trip: the weight's slice before wait_prev (a
-# constant), the program's slice of the row with the whole row, not after its sum of squares.
-# The sliced decode rows took three dependent round trips after the wait (sm_90 SASS: the row,
-# then the slice again, then the weight). H200, W1, two rounds in one process (BENCHMARKS.md
-# 2026-12-02 (an)): Q4_K_M +1.2 / +1.4 %, Q6_K +1.5 / +1.3 %, Q8_0 +1.0 / +0.9 %
-_LOADS_FIRST = True
 
 
 @triton.jit
@@ -71,31 +65,30 @@ def _rms_norm_kernel(
     stride_r2=0,
     stride_s2=0,  # ... and layout 2
     ROUND_ROWS_AT: tl.constexpr = False,  # several rows rounded: row t at t * its strides
-    LOADS_FIRST: tl.constexpr = False,  # every load in one round trip (see _LOADS_FIRST)
 ):
+    # Every load in one memory round trip: the weight's slice before wait_prev (a constant),
+    # the program's slice of the row with the whole row, not after its sum of squares (H200,
+    # W1: +0.9 to +1.5 % against three dependent round trips, BENCHMARKS.md 2026-12-02 (an)).
     launch_next(PDL)
     own = tl.program_id(2) * SLICE + tl.arange(0, SLICE)  # the columns this program stores
-    if LOADS_FIRST:  # the weight: never written by a kernel, so before the wait
-        w = tl.load(w_ptr + own, mask=own < n_cols, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + own, mask=own < n_cols, other=0.0).to(tl.float32)  # no kernel writes it
     wait_prev(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     n_heads = tl.num_programs(1)
     x_row = x_ptr + t * stride_xt + h * stride_xh
     res_row = res_ptr + t * stride_rt
-    if LOADS_FIRST and SLICE < BLOCK_N:  # the slice with the whole row, not after its sum
-        x_own = _row_sum(x_row, res_row, own, own < n_cols, HAS_RESIDUAL, True)
+    if SLICE < BLOCK_N:  # this program's slice of the row, with the whole row
+        x_own = _row_sum(x_row, res_row, own, own < n_cols, HAS_RESIDUAL)
     cols = tl.arange(0, BLOCK_N)
-    x = _row_sum(x_row, res_row, cols, cols < n_cols, HAS_RESIDUAL, LOADS_FIRST)
+    x = _row_sum(x_row, res_row, cols, cols < n_cols, HAS_RESIDUAL)
     mean_sq = tl.sum(x * x, axis=0) / n_cols  # the whole row's, in every program of a row
-    if SLICE < BLOCK_N:  # this program's slice of the row, read again (from cache)
+    if SLICE < BLOCK_N:
         cols = own
-        x = x_own if LOADS_FIRST else _row_sum(x_row, res_row, own, own < n_cols, HAS_RESIDUAL)
+        x = x_own
     mask = cols < n_cols
     if HAS_RESIDUAL:  # the sum as stored (rounded to the activation dtype), normalized below
         tl.store(res_out_ptr + t * n_cols + cols, x.to(res_out_ptr.dtype.element_ty), mask=mask)
-    if not LOADS_FIRST:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = (x * tl.rsqrt(mean_sq + eps) * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + (t * n_heads + h) * n_cols + cols, y, mask=mask)
     c0 = tl.program_id(2) * SLICE  # the slice's sub-blocks, from the stored values
@@ -115,15 +108,13 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def _row_sum(
-    x_row, res_row, cols, mask, HAS_RESIDUAL: tl.constexpr, IN_ORDER: tl.constexpr = False
-):
+def _row_sum(x_row, res_row, cols, mask, HAS_RESIDUAL: tl.constexpr):
     """x (+ the residual, the sum rounded to the residual's dtype) at cols, as float32, zero
-    where masked. IN_ORDER: the loads issued where they stand in the program (volatile), not
-    sunk towards their first use."""
-    x = tl.load(x_row + cols, mask=mask, other=0.0, volatile=IN_ORDER).to(tl.float32)
+    where masked. The loads are issued where they stand in the program (volatile), not sunk
+    towards their first use."""
+    x = tl.load(x_row + cols, mask=mask, other=0.0, volatile=True).to(tl.float32)
     if HAS_RESIDUAL:
-        r = tl.load(res_row + cols, mask=mask, other=0.0, volatile=IN_ORDER).to(tl.float32)
+        r = tl.load(res_row + cols, mask=mask, other=0.0, volatile=True).to(tl.float32)
         x = (x + r).to(res_row.dtype.element_ty).to(tl.float32)
     return x
 
@@ -186,7 +177,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     early = pdl(x.device, _rms_norm_kernel)
     _rms_norm_kernel[(n_rows, n_heads, slices)](
         x, x, weight, out, out, *[x] * 6, x.stride(0), stride_h, 0, n, eps,
-        HAS_RESIDUAL=False, BLOCK_N=block, SLICE=cols, PDL=early, LOADS_FIRST=_LOADS_FIRST,
+        HAS_RESIDUAL=False, BLOCK_N=block, SLICE=cols, PDL=early,
         num_warps=num_warps, **launch_kw(early),
     )  # fmt: skip
     return out
@@ -256,7 +247,7 @@ def add_rms_norm_int8(
         residual.stride(0) if has_res else 0, n, eps, HAS_RESIDUAL=has_res, BLOCK_N=block,
         SLICE=cols, PDL=early, ROUND=len(rounded), W1=shapes[0], G1=shapes[1], W2=shapes[2],
         G2=shapes[3], stride_r1=strides[0], stride_s1=strides[1], stride_r2=strides[2],
-        stride_s2=strides[3], ROUND_ROWS_AT=several, LOADS_FIRST=_LOADS_FIRST,
+        stride_s2=strides[3], ROUND_ROWS_AT=several,
         num_warps=num_warps, **launch_kw(early),
     )  # fmt: skip
     return normed, new_residual, rounded

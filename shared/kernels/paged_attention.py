@@ -55,17 +55,6 @@ __all__ = [
     "paged_attention",
 ]
 
-# decode with 64-key tiles of a 16-bit cache: a program loads its first tile's blocks and the
-# keys and values of earlier steps before wait_prev (gdc), and only the step's own key after it
-_PREFETCH = True
-# a batch of one sequence skips _find_seq's search (its load of query_start_loc): the loads
-# of the program's sequence, blocks and first keys start one memory round trip sooner. H200,
-# W1 Q4_K_M, two rounds in one process (BENCHMARKS.md 2026-12-02 (al)): +0.3 % and +0.8 %
-_ONE_SEQ = True
-# the K and V loads' eviction policy ("": plain): whether a step's keys stay in L2 for the next
-# step while the weights stream through it evict-first (packed_int8_rows_policy.CACHE_HINTS).
-# H200, W1 Q4_K_M, two rounds (BENCHMARKS.md 2026-12-03 (aq)): "evict_last" -0.4 / +0.1 %: plain
-_KV_EVICT = ""
 # warps of a combine program (one head): with 1 a thread holds every slice of its dimensions
 # (the sum over slices needs no barrier nor shared memory). H200, W1 (BENCHMARKS.md
 # 2026-12-03 (ar)), against Triton's default 4: Q4_K_M +1.0 / +1.0 %, Q6_K +1.1 %, Q8_0 +1.4 %;
@@ -181,7 +170,6 @@ def paged_attention(
     out: torch.Tensor | None = None,  # [T, n_heads, head_dim] in q.dtype
     num_splits_t: torch.Tensor | None = None,  # [1] int32 on q.device, <= num_splits
     int8_layout: tuple[int, int] | None = None,  # (W, G): also return out rounded to int8
-    probe: torch.Tensor | None = None,  # a buffer of shared.kernels.probe: records a program
 ) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """Attention of q over the paged cache; returns [T, n_heads, head_dim] in q.dtype.
 
@@ -199,9 +187,6 @@ def paged_attention(
     ``int8_activations.prepare_int8`` makes them of out's row for a weight of that layout, when
     the combine pass rounded it (one token, a split count > 1 not read from the device, heads of
     whole sub-blocks; it then saves the next GEMV its rounding launch), else {}.
-
-    With probe (`shared.kernels.probe.new_buffer`, a CUDA device only): every program of both
-    kernels appends a record of when it started, passed wait_prev and finished.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, k_scale, v_scale)
     n_tokens, n_heads, head_dim = q.shape
@@ -297,11 +282,10 @@ def paged_attention(
         DOT_PRECISION="ieee" if compute_dtype == torch.float32 else "tf32",
         INTERPRETED=_interpreted(),
         PDL=early,
-        PREFETCH=_PREFETCH and max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
-        ONE_SEQ=_ONE_SEQ,
-        KV_EP=_KV_EVICT,
-        PROBE=probe is not None,
-        probe_ptr=probe,
+        # decode with 64-key tiles of a 16-bit cache: a program loads its first tile's blocks
+        # and the keys and values of earlier steps before wait_prev (gdc), and only the step's
+        # own key after it
+        PREFETCH=max_query_len <= 1 and tiles.tile_n <= 64 and not kv_fp8,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         **launch_kw(early),
@@ -324,8 +308,6 @@ def paged_attention(
             ROUND=bool(rounded),
             W=w,
             G=g,
-            PROBE=probe is not None,
-            probe_ptr=probe,
             num_warps=_COMBINE_WARPS,
             **launch_kw(early),
         )  # fmt: skip

@@ -7,7 +7,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from shared.kernels import probe
 from shared.kernels.gdc import launch_next, wait_prev
 from shared.kernels.qmatmul.int8_activations import round_blocks
 from shared.kernels.rounding import to_dtype
@@ -41,20 +40,12 @@ def _combine_splits_kernel(
     ROUND: tl.constexpr = False,  # one token, BLOCK_D = HEAD_DIM, a multiple of W
     W: tl.constexpr = 32,
     G: tl.constexpr = 8,
-    PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
-    probe_ptr=None,
 ):
-    if PROBE:
-        g0, c0 = probe.now(0)
     launch_next(PDL)
     n_splits = num_splits
     if DYNAMIC_SPLITS:
         n_splits = tl.load(splits_ptr)  # before the wait, as the attention kernel's
     wait_prev(PDL)  # before the early return, as the attention kernel's
-    if PROBE:
-        g1, c1 = probe.now(0)
-        if n_splits == 1:
-            _probe_record(probe_ptr, g0, g1, g1, c0, c1, c1, n_splits)
     if n_splits == 1:
         return
     token = tl.program_id(0).to(tl.int64)
@@ -77,17 +68,3 @@ def _combine_splits_kernel(
         b0 = head * (HEAD_DIM // W)
         y = tl.reshape(o.to(tl.float32), (BLOCK_D // W, W))
         round_blocks(y, b0, b0 + HEAD_DIM // W, xq_ptr, xd_ptr, xs_ptr, W, G)
-    if PROBE:
-        g3, c3 = probe.now(tl.sum(o.to(tl.float32), 0).to(tl.int32, bitcast=True))
-        _probe_record(probe_ptr, g0, g1, g3, c0, c1, c3, n_splits)
-
-
-@triton.jit
-def _probe_record(probe_ptr, g0, g1, g3, c0, c1, c3, n_splits):
-    """One program's record (shared.kernels.probe): its start, wait_prev's return and its end,
-    then its SM, program ids, grid size, the mark 2 (a combine program) and the split count."""
-    grid = tl.num_programs(0) * tl.num_programs(1)
-    probe.write_record(
-        probe_ptr, g0, g1, g3, g3, c0, c1, c3, c3, probe.sm_id(0), tl.program_id(0),
-        tl.program_id(1), 0, grid, 2, n_splits, 0,
-    )  # fmt: skip

@@ -7,7 +7,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from shared.kernels import probe
 from shared.kernels.gdc import launch_next, wait_prev
 from shared.kernels.rounding import FP16_MAX, fp16_range, to_dtype
 
@@ -16,15 +15,15 @@ V_LIFT = tl.constexpr(256.0)
 
 
 @triton.jit
-def _find_seq(query_start_loc_ptr, q_tile_id, num_seqs, BLOCK_Q: tl.constexpr,
-              ONE_SEQ: tl.constexpr = False):  # fmt: skip
+def _find_seq(query_start_loc_ptr, q_tile_id, num_seqs, BLOCK_Q: tl.constexpr):
     # Sequence b owns programs [start(b), start(b + 1)) with start(b) = qsl[b] // BLOCK_Q + b: at
     # least cdiv(n_query, BLOCK_Q) of them, strictly increasing even for sequences with no query.
-    # ONE_SEQ: a batch of one sequence is found without the search's load (one memory round
-    # trip sooner for the loads that need it).
+    # A batch of one sequence is found without the search's load: the loads that need it start
+    # one memory round trip sooner (H200, W1 Q4_K_M: +0.3 to +0.8 %, BENCHMARKS.md 2026-12-02
+    # (al)).
     lo: tl.int32 = 0
     hi = num_seqs
-    if ONE_SEQ and num_seqs == 1:
+    if num_seqs == 1:
         lo = 1
     while lo < hi:
         mid = (lo + hi) // 2
@@ -47,18 +46,16 @@ def _fp8_e4m3_from_bytes(x):
 
 
 @triton.jit
-def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr, DTYPE: tl.constexpr,
-             EP: tl.constexpr = ""):  # fmt: skip
-    """K or V values in DTYPE (the dot's; FP8 values are exact in fp16/bf16), 0 where masked;
-    EP: the loads' eviction policy."""
+def _load_kv(ptrs, mask, KV_FP8: tl.constexpr, FP8_FROM_BYTES: tl.constexpr, DTYPE: tl.constexpr):
+    """K or V values in DTYPE (the dot's; FP8 values are exact in fp16/bf16), 0 where masked."""
     if FP8_FROM_BYTES:  # `other` cannot be cast to fp8: zero the masked lanes after decoding
-        x = tl.load(ptrs, mask=mask, eviction_policy=EP)
+        x = tl.load(ptrs, mask=mask)
         x = tl.where(mask, _fp8_e4m3_from_bytes(x), 0.0).to(DTYPE)
     elif KV_FP8:  # the byte 0 is +0.0 in e4m3: load bytes with 0 as `other`, convert once
-        raw = tl.load(ptrs.to(tl.pointer_type(tl.uint8)), mask=mask, other=0, eviction_policy=EP)
+        raw = tl.load(ptrs.to(tl.pointer_type(tl.uint8)), mask=mask, other=0)
         x = raw.to(tl.float8e4nv, bitcast=True).to(DTYPE)
     else:
-        x = tl.load(ptrs, mask=mask, other=0.0, eviction_policy=EP)
+        x = tl.load(ptrs, mask=mask, other=0.0)
     return x
 
 
@@ -109,7 +106,6 @@ def _attend_tile(
     pre_k=0,  # [BLOCK_D, TILE_N] in the cache dtype, zero from lo_key on
     pre_v=0,  # [TILE_N, BLOCK_D]
     lo_key=0,
-    KV_EP: tl.constexpr = "",  # the K and V loads' eviction policy
 ):
     key = tile * TILE_N + tl.arange(0, TILE_N)
     key_ok = key < seq_len  # slots past the end may hold anything, NaN included: never load them
@@ -124,15 +120,11 @@ def _attend_tile(
     d_ok = d < HEAD_DIM
 
     k_off = block[None, :] * stride_k_b + slot[None, :] * stride_k_t + d[:, None]
-    k = _load_kv(
-        k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype, KV_EP
-    )
+    k = _load_kv(k_ptr + k_off, d_ok[:, None] & fresh[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
     v_off = block[:, None] * stride_v_b + slot[:, None] * stride_v_t + d[None, :]
     if PRE:  # the step's own values too, before the dot: one memory round trip, not two
         k = tl.where(fresh[None, :], k, pre_k)
-        v = _load_kv(
-            v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype, KV_EP
-        )
+        v = _load_kv(v_ptr + v_off, fresh[:, None] & d_ok[None, :], KV_FP8, FP8_FROM_BYTES, q.dtype)
         v = tl.where(fresh[:, None], v, pre_v)
     # FP8 values are exact in fp16/bf16, so K's per-token scale is applied to the scores instead.
     s = _dot(q, k, None, DOT_PRECISION, INTERPRETED)  # [BLOCK_M, TILE_N]
@@ -154,7 +146,7 @@ def _attend_tile(
 
     if not PRE:
         v_ok = key_ok[:, None] & d_ok[None, :]
-        v = _load_kv(v_ptr + v_off, v_ok, KV_FP8, FP8_FROM_BYTES, q.dtype, KV_EP)
+        v = _load_kv(v_ptr + v_off, v_ok, KV_FP8, FP8_FROM_BYTES, q.dtype)
     if TOKEN_SCALES:
         # V's per-token scale goes into the probabilities, p @ (v * s) = (p * s) @ v: one
         # multiply a score and one rounding, where scaling V took a multiply, a clamp and two
@@ -227,13 +219,7 @@ def _paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # TRITON_INTERPRET=1 on the CPU: work around its gaps
     PDL: tl.constexpr,  # launched early (shared.kernels.gdc)
     PREFETCH: tl.constexpr = False,  # 16-bit cache: the first tile's old keys before wait_prev
-    ONE_SEQ: tl.constexpr = False,  # one sequence found without _find_seq's load
-    PROBE: tl.constexpr = False,  # a record a program in probe_ptr (shared.kernels.probe)
-    probe_ptr=None,
-    KV_EP: tl.constexpr = "",  # the K and V loads' eviction policy (paged_attention._KV_EVICT)
 ):
-    if PROBE:
-        g0, c0 = probe.now(0)
     launch_next(PDL)
     n_splits = num_splits
     if DYNAMIC_SPLITS:
@@ -245,7 +231,7 @@ def _paged_attention_kernel(
     # where the program's queries are, while the previous kernel ends: query_start_loc and
     # seq_lens are the step's inputs, set before its first kernel (as splits_ptr), not by one
     # of the kernels launched early before this one; q and the cache come after the wait
-    seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q, ONE_SEQ)
+    seq = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
     q_begin = tl.load(query_start_loc_ptr + seq)
     n_query = tl.load(query_start_loc_ptr + seq + 1) - q_begin
     q_tile = tl.program_id(0) - (q_begin // BLOCK_Q + seq)
@@ -277,16 +263,10 @@ def _paged_attention_kernel(
         old = pkey_ok & (pkey < context)
         d_ok = d < HEAD_DIM
         pk_off = pre_block[None, :] * stride_k_b + pslot[None, :] * stride_k_t + d[:, None]
-        pre_k = tl.load(k_ptr + pk_off, mask=d_ok[:, None] & old[None, :], other=0.0,
-                        eviction_policy=KV_EP)  # fmt: skip
+        pre_k = tl.load(k_ptr + pk_off, mask=d_ok[:, None] & old[None, :], other=0.0)
         pv_off = pre_block[:, None] * stride_v_b + pslot[:, None] * stride_v_t + d[None, :]
-        pre_v = tl.load(v_ptr + pv_off, mask=old[:, None] & d_ok[None, :], other=0.0,
-                        eviction_policy=KV_EP)  # fmt: skip
+        pre_v = tl.load(v_ptr + pv_off, mask=old[:, None] & d_ok[None, :], other=0.0)
     wait_prev(PDL)  # before any return: finishing must imply the previous kernel finished
-    if PROBE:
-        g1, c1 = probe.now(0)
-        if (split >= n_splits) | (q_tile * BLOCK_Q >= n_query):
-            _probe_record(probe_ptr, g0, g1, g1, g1, c0, c1, c1, c1, 0, n_splits, 0)
     if split >= n_splits:
         return
     if q_tile * BLOCK_Q >= n_query:
@@ -301,8 +281,6 @@ def _paged_attention_kernel(
     io_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
     q_off = token[:, None] * stride_q_t + head[:, None] * stride_q_h + d[None, :]
     q = tl.load(q_ptr + q_off, mask=io_mask, other=0)
-    if PROBE:  # when q came (its last element in the program)
-        t_q = probe.now_each(q.to(tl.float32).to(tl.int32, bitcast=True))
     # operands in the cache dtype, like the reference. An FP8 cache's values are exact in fp16,
     # which one instruction forms from a pair of them (bf16 takes a float32 detour, twice the
     # loop's conversions): 16-bit queries compute in fp16, clamped to its range, which keeps
@@ -331,7 +309,7 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
-                True, pre_block, pre_k, pre_v, context, KV_EP=KV_EP,
+                True, pre_block, pre_k, pre_v, context,
             )  # fmt: skip
         tile_lo += 1
     if INTERPRETED:
@@ -345,7 +323,6 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
-                KV_EP=KV_EP,
             )  # fmt: skip
             tile += 1
     else:
@@ -357,11 +334,8 @@ def _paged_attention_kernel(
                 stride_ks_b, stride_ks_t, stride_vs_b, stride_vs_t,
                 HEAD_DIM, BLOCK_D, TILE_N, BLOCK_SIZE, USE_WINDOW, KV_FP8,
                 KV_FP8 and not HEAD_SCALES, FP8_FROM_BYTES, DOT_PRECISION, INTERPRETED,
-                KV_EP=KV_EP,
             )  # fmt: skip
 
-    if PROBE:  # the keys walked: read once the sums are
-        g2, c2 = probe.now(tl.sum(tl.sum(acc, 1), 0).to(tl.int32, bitcast=True))
     if HEAD_SCALES:
         acc = acc * tl.load(vs_ptr).to(tl.float32)
     elif KV_FP8:
@@ -380,19 +354,3 @@ def _paged_attention_kernel(
         o = acc / tl.where(row_ok, l_i, 1.0)[:, None]
         o_off = token[:, None] * stride_o_t + head[:, None] * stride_o_h + d[None, :]
         tl.store(out_ptr + o_off, to_dtype(o, out_ptr.dtype.element_ty, INTERPRETED), mask=io_mask)
-    if PROBE:
-        g3, c3 = probe.now(0)
-        t_q = tl.max(tl.max(t_q, 1), 0)
-        _probe_record(probe_ptr, g0, g1, g2, g3, c0, c1, c2, c3, 1, n_splits, t_q)
-
-
-@triton.jit
-def _probe_record(probe_ptr, g0, g1, g2, g3, c0, c1, c2, c3, live, n_splits, t_q):
-    """One program's record: its start, wait_prev's return, the keys walked and its end; then
-    its SM, program ids, grid size, whether it computed, the split count and when its queries
-    came (global ns; 0 if it computed nothing)."""
-    grid = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    probe.write_record(
-        probe_ptr, g0, g1, g2, g3, c0, c1, c2, c3, probe.sm_id(0), tl.program_id(0),
-        tl.program_id(1), tl.program_id(2), grid, live, n_splits, t_q,
-    )  # fmt: skip

@@ -21,13 +21,6 @@ from shared.kernels.gdc import launch_kw, pdl, wait_prev
 
 __all__ = ["stage_inputs"]
 
-# launched early (gdc): the step's inputs read while the kernel before it (the last step's
-# greedy argmax, which lets it in first thing) ends, the rest after its wait; off: launched
-# after that kernel (tools/ab_w1 stage-late). H200, W1 (BENCHMARKS.md 2026-12-03 (at)): Q4_K_M
-# +0.7 / +0.4 % (call 3) and +0.5 / +0.2 / +0.3 % (call 7), Q8_0 +0.4 / +0.4 / +0.3 % (call 7),
-# but Q6_K -0.8 / -1.3 % (call 6; why is not known)
-EARLY = True
-
 _BLOCK = 256
 _SEGMENTS = 8  # token ids, positions, slots, logits rows, block tables, starts, lengths, splits
 
@@ -112,7 +105,12 @@ def stage_inputs(
     fill_src, prev = fill if fill is not None else (src["token_ids"], src["token_ids"])
     longest = max(b, rows_pad, seqs * w, s_pad + 1, 1)
     grid = (_SEGMENTS, triton.cdiv(longest, _BLOCK))
-    early = EARLY and pdl(dt.device, _stage_kernel)
+    # launched early where the device has PDL: the step's inputs read while the kernel before
+    # it (the last step's greedy argmax, which lets it in first thing) ends, the rest after its
+    # wait. Against launching after it, H200, W1 (BENCHMARKS.md 2026-12-03 (at)): Q4_K_M +0.7 /
+    # +0.4 % (call 3) and +0.5 / +0.2 / +0.3 % (call 7), Q8_0 +0.4 / +0.4 / +0.3 % (call 7),
+    # but Q6_K -0.8 / -1.3 % (call 6; why is not known)
+    early = pdl(dt.device, _stage_kernel)
     _stage_kernel[grid](
         src["token_ids"], src["positions"], src["slot_mapping"],
         src["logits_rows"] if rows_pad else src["token_ids"], table,

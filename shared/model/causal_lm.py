@@ -13,19 +13,6 @@ from shared.model.batch import ForwardBatch
 from shared.model.config import ModelConfig
 from shared.model.weights import WeightLoader
 
-# decode steps' final norm reads x whole instead of through a gather of every row (a launch
-# a step); off: the gather (tools/ab_w1 step-io-off)
-WHOLE_ROWS = True
-# the last residual add, the final norm and the LM head's int8 rounding in one launch
-# (ops.add_rms_norm_int8), or at one token none of their own: the last down projection's
-# epilogue (LlamaForCausalLM.run_layers); off: an add, a norm, and the head rounds x itself
-# (tools/ab_w1 final-off)
-FINAL_FUSED = True
-# one row's logits stored in float32 by the LM head's GEMV itself, into the caller's buffer
-# (a CUDA graph's), not rounded to the activations' dtype and then converted by a launch of
-# their own; off: that conversion (tools/ab_w1 head-store-off)
-HEAD_STORES = True
-
 
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, w: WeightLoader) -> None:
@@ -64,7 +51,7 @@ class CausalLM(nn.Module):
 
     def head_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
         """The int8 layout the LM head reads m rows in, when they may be rounded ahead."""
-        if not FINAL_FUSED or (lay := self.lm_head.int8_layout(m)) is None:
+        if (lay := self.lm_head.int8_layout(m)) is None:
             return ()
         return (lay,)
 
@@ -82,21 +69,19 @@ class CausalLM(nn.Module):
         if rounded is not None:  # normed and rounded already: the stream stands in for h
             h = residual
         else:
-            if not (batch.all_rows and WHOLE_ROWS):
+            # a decode step's final norm reads x whole (every row is a logits row): no gather
+            if not batch.all_rows:
                 x = x[batch.logits_rows]
                 residual = residual[batch.logits_rows] if residual is not None else None
-            if residual is not None and not FINAL_FUSED:
-                x, residual = x + residual, None
+            # the last residual add, the final norm and the LM head's int8 rounding in one launch
             layouts = self.head_layouts(x.shape[0])
             h, _, rounded = self.ops.add_rms_norm_int8(x, residual, self.norm, cfg.rms_eps, layouts)
-        if not HEAD_STORES:
-            logits = self.lm_head(h, rounded or None).float()
-            out = logits if out is None else out.copy_(logits)
-        else:
-            if out is None:
-                n = self.lm_head.shape[0]
-                out = torch.empty(h.shape[0], n, dtype=torch.float32, device=h.device)
-            self.lm_head(h, rounded or None, out=out)
+        if out is None:
+            n = self.lm_head.shape[0]
+            out = torch.empty(h.shape[0], n, dtype=torch.float32, device=h.device)
+        # float32 logits stored by the LM head itself (the rows GEMV, into a CUDA graph's buffer),
+        # not rounded to the activations' dtype and converted by a launch of their own
+        self.lm_head(h, rounded or None, out=out)
         if cfg.final_logit_softcap:
             c = cfg.final_logit_softcap
             out.div_(c).tanh_().mul_(c)

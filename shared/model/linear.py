@@ -56,21 +56,15 @@ from shared.quant import dequantize
 
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
 _GEMV_MAX_M = 64
-# batch 1: two parts of a SplitLinear of different types in one launch (SplitLinear._paired)
-_PAIRED = True
 # batch 1: RoPE and the KV-cache write in the Q/K/V GEMV's epilogue (SplitLinear.forward_rope),
 # except where q's weight is of these types: on the H200 W1 gained 1.6 % (Q4_K_M) and 2.1 %
 # (Q8_0) but Q6_K lost 1.1-1.9 % (its 6144-row launch; BENCHMARKS.md (aj), not explained)
-QKV_ROPE = True
 QKV_ROPE_SKIP_TYPES = (GGMLQuantizationType.Q6_K,)
 # decode batches of up to this many rows have their activations rounded to int8 ahead, by the
 # RMSNorm before the GEMVs (norm.add_rms_norm_int8), where the batch rows GEMV multiplies them
-# (packed_int8_rows_batch, 2-4 rows), as batch 1's rows GEMV has had since (w); 1: batch 1
-# only. Q4_K_M's W1 at batches 2/3/4 gained 1.6/1.2/1.3 % on the H200 (BENCHMARKS.md (ai))
+# (packed_int8_rows_batch, 2-4 rows), as batch 1's rows GEMV has had since (w). Q4_K_M's W1 at
+# batches 2/3/4 gained 1.6/1.2/1.3 % on the H200 against batch 1 only (BENCHMARKS.md (ai))
 ROUND_AHEAD_ROWS = 4
-# batch 1: the residual add and RMSNorm between a GEMV and the GEMVs that read its output,
-# folded into their epilogue and prologue (QuantLinear.forward_norm, ``norm_ahead``)
-NORM_AHEAD = True
 
 
 def packable(qtype: int, shape: tuple[int, int]) -> bool:
@@ -180,12 +174,11 @@ class QuantLinear(nn.Module):
         epilogue (``norm_ahead``), for GEMVs that read only its rounding in `layouts`:
         (out, out + residual, {layout: (xq, xd, xs, sums, eps)}: the rounding of
         ``(out + residual) * weight``, awaiting the norm's scale). None where it cannot be
-        (nothing ran): not one row of interleaved planes, a bias, a failed build, layouts
-        the epilogue cannot round (``norm_ahead.folds``), or NORM_AHEAD off."""
+        (nothing ran): not one row of interleaved planes, a bias, a failed build, or layouts
+        the epilogue cannot round (``norm_ahead.folds``)."""
         pw = self.packed
         if (
-            not NORM_AHEAD
-            or pw is None
+            pw is None
             or not pw.rows32
             or self.int8_layout(1) is None
             or self.bias is not None
@@ -281,8 +274,7 @@ class SplitLinear(nn.Module):
         x2 = x.reshape(-1, self.parts[0].shape[1])
         rows = [p.shape[0] for p in self.parts]
         if (
-            not QKV_ROPE
-            or x2.shape[0] != 1
+            x2.shape[0] != 1
             or self.parts[0].qtype in QKV_ROPE_SKIP_TYPES
             or rope.refusal(x.dtype) is not None
             or sum(rows) != rope.q_dim + 2 * rope.kv_dim
@@ -310,7 +302,7 @@ class SplitLinear(nn.Module):
         """Two parts of different types (Q4_K_M's q/k and v) multiplied in one launch at batch
         1 (``packed_int8_pair``), when both run the rows GEMV on x rounded ahead for their
         layouts; None otherwise (one launch a part). rope: as forward_rope's (no biases)."""
-        if not _PAIRED or len(self.parts) != 2 or not rounded:
+        if len(self.parts) != 2 or not rounded:
             return None
         a, b = self.parts
         x2 = x.reshape(-1, a.shape[1])

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from shared.kv import KVPool
-from shared.model import causal_lm
 from shared.model.batch import ForwardBatch
 from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
@@ -87,7 +86,7 @@ class LlamaForCausalLM(CausalLM):
         residual, ahead = None, None
         last = len(self.layers) - 1
         # after the last layer, the final norm for the LM head when it reads every row
-        head = (self.norm, _Head(self)) if batch.all_rows and causal_lm.WHOLE_ROWS else None
+        head = (self.norm, _Head(self)) if batch.all_rows else None
         for i, layer in enumerate(self.layers):
             nxt = self.layers[i + 1] if i < last else None
             nxt = (nxt.attn_norm, nxt.attn) if nxt is not None else head

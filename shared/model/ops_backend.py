@@ -5,8 +5,6 @@ does not know which one it calls.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from shared.kv import KVPool
@@ -134,7 +132,6 @@ class TritonOps(TorchOps):
         self._attn, self._rope_kv = attn_k.paged_attention, rope_and_write_kv
         self._qkv_rope = QKVRope
         self._num_sms = num_sms
-        self._round_in_norm = os.environ.get("SKIFF_NORM_ROUNDING", "1") != "0"
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         return self._norm.rms_norm(x, w, eps)
@@ -144,8 +141,8 @@ class TritonOps(TorchOps):
 
     def add_rms_norm_int8(self, x, residual, w, eps, layouts):
         """One launch: the norm and, for one row, its int8 roundings for the layouts (the
-        GEMVs then skip their own rounding launch). SKIFF_NORM_ROUNDING=0: none ahead."""
-        ahead = layouts[:2] if self._round_in_norm else ()  # a third rounds in its own launch
+        GEMVs then skip their own rounding launch)."""
+        ahead = layouts[:2]  # a third rounds in its own launch
         return self._norm.add_rms_norm_int8(x, residual, w, eps, ahead)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -29,8 +29,6 @@ from shared.staging import to_device
 from .params import SamplingParams
 
 _U64 = (1 << 64) - 1
-# greedy picks in one launch (argmax_rows with counts); off: two (tools/ab_w1 argmax-two)
-COUNTED_ARGMAX = True
 
 
 @dataclass
@@ -128,8 +126,6 @@ class Sampler:
         which with `host` (pinned [B] int64) also stores the picks there."""
         if not x.is_cuda:
             return x.argmax(dim=-1)
-        if not COUNTED_ARGMAX:
-            return argmax_rows(x, None, host)
         counts = self._counts.get(x.device)
         if counts is None or counts.numel() < x.shape[0]:
             counts = torch.zeros(max(64, x.shape[0]), dtype=torch.int32, device=x.device)

@@ -45,10 +45,6 @@ __all__ = [
 
 TILE = 32  # the rows a producing program stores (packed_rows.ROWS): one sum of squares each
 _TILE = tl.constexpr(TILE)
-# the producing GEMV's residual and norm-weight rows loaded early (the weight before the wait,
-# the residual with the activations after it), so that its last program's epilogue waits for
-# no load of its own; else loaded there
-EARLY_LOADS = True
 
 
 class NormOut(NamedTuple):

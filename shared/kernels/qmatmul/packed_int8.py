@@ -25,7 +25,7 @@ and Q6_K, not for Q8_0; 0.22-0.55 of the copy bandwidth, PREFETCH the fastest on
 shapes. ncu (r): warps wait on loads that fetch each sector twice (a warp's 128-bit load
 touches 32 rows). On CUDA the int8 types now keep row-interleaved planes and batch 1 runs
 ``packed_int8_rows`` (1.07-2.31x faster on the Q4_K 8B shapes, (t)); this kernel serves the
-plain planes (``SKIFF_ROWS_LAYOUT=0``).
+plain planes (a layer off CUDA keeps them).
 
 The result is ``x_hat @ unpack(pw).T`` plus the offsets' exact part, where x_hat is x rounded to
 int8 per sub-block: not the float GEMV's result, but within the error bound of that rounding

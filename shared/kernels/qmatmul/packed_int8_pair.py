@@ -19,12 +19,12 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl
-from shared.kernels.qmatmul.layout import CHUNK, ROWS, PackedWeight
+from shared.kernels.qmatmul.layout import CHUNK, PackedWeight
 from shared.kernels.qmatmul.layout import ROWS as _ROWS
 from shared.kernels.qmatmul.norm_ahead import sums_block
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
-from shared.kernels.qmatmul.packed_int8_rows import row_sums
-from shared.kernels.qmatmul.packed_int8_rows_policy import cache_hints, late_next, register_cap
+from shared.kernels.qmatmul.packed_int8_rows import ROWS, row_sums
+from shared.kernels.qmatmul.packed_int8_rows_policy import WEIGHT_HINTS, late_next, register_cap
 from shared.kernels.qmatmul.packed_matmul import split_targets
 from shared.kernels.qmatmul.qkv_rope import QKVRope, finish_qkv_rope, no_rope_args, qkv_angles
 from shared.kernels.qmatmul.split_tickets import finish_rows
@@ -123,7 +123,7 @@ def rows_gemv_pair(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x @ unpack(a).T, x @ unpack(b).T) in x's dtype, [1, N_a] and [1, N_b], from x rounded
     for each weight's layout (five each: awaiting the norm's scale, ``norm_ahead``); cfg (A's
-    rows config): num_warps, PREFETCH and CACHE; splits from ``pair_splits``. Both weights
+    rows config): num_warps and PREFETCH; splits from ``pair_splits``. Both weights
     interleaved (``packed_rows``) of one K. rope: (the ``QKVRope`` target, the fused Q/K/V row
     of A's row 0; B's rows follow A's): q rotated in the outputs, k and v written to the cache
     (``qkv_rope``)."""
@@ -135,7 +135,7 @@ def rows_gemv_pair(
     per_a, _, targets_a = split_targets(out_a, a, chunks_a, splits)  # pair_splits: both
     per_b, _, targets_b = split_targets(out_b, b, chunks_b, splits)  # take `splits` slices
     tiles_a, tiles_b = triton.cdiv(a.shape[0], _ROWS), triton.cdiv(b.shape[0], _ROWS)
-    cm, ep, sep = cache_hints(cfg, a.qtype, b.qtype)
+    cm, ep, sep = WEIGHT_HINTS
     fa = {f"{k}_A": v for k, v in fields(a).items()}
     fb = {f"{k}_B": v for k, v in fields(b).items()}
     warps = cfg.get("num_warps", 4)

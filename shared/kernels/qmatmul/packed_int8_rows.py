@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from shared.kernels.gdc import launch_kw, launch_next, pdl, wait_prev
-from shared.kernels.qmatmul import norm_ahead
 from shared.kernels.qmatmul.int8_activations import int8_buffers, prepare_int8
 from shared.kernels.qmatmul.int8_ops import dot4
 from shared.kernels.qmatmul.layout import ROWS as _ROWS
@@ -44,7 +43,7 @@ from shared.kernels.qmatmul.packed_chunk import Q8_0
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8 import _codes, _round_split
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch, scale_pair
-from shared.kernels.qmatmul.packed_int8_rows_policy import cache_hints, late_next, register_cap
+from shared.kernels.qmatmul.packed_int8_rows_policy import WEIGHT_HINTS, late_next, register_cap
 from shared.kernels.qmatmul.qkv_rope import finish_qkv_rope, no_rope_args, qkv_angles
 from shared.kernels.qmatmul.split_tickets import (
     finish_rows,
@@ -273,7 +272,7 @@ def gemv_int8_rows_kernel(
     INTERPRETED: tl.constexpr,
     OUT_W: tl.constexpr = 0,  # > 0 (16 or 32, with ACT): round the outputs in layout (OUT_W,
     OUT_G: tl.constexpr = 8,  # OUT_G) for the next GEMV (split_tickets.round_gated)
-    CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (CACHE_HINTS)
+    CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (WEIGHT_HINTS)
     EP: tl.constexpr = "",
     SEP: tl.constexpr = "",  # the scale words' eviction policy
     ROPE: tl.constexpr = False,  # Q/K/V rows: RoPE and the KV-cache write here (qkv_rope)
@@ -285,7 +284,6 @@ def gemv_int8_rows_kernel(
     NORM_OUT: tl.constexpr = False,  # the output plus the residual normed and rounded in layout
     OUT_W2: tl.constexpr = 0,  # (OUT_W, OUT_G) and with OUT_W2 (OUT_W2, OUT_G2) (norm_ahead)
     OUT_G2: tl.constexpr = 8,
-    NORM_EARLY: tl.constexpr = False,  # NORM_OUT's residual and weight loaded early (EARLY_LOADS)
 ):  # fmt: skip
     if not LATE_NEXT:
         launch_next(PDL)
@@ -296,13 +294,14 @@ def gemv_int8_rows_kernel(
     if ROPE:
         cos, sin = qkv_angles(pos_ptr, ff_ptr, row0, rows, rope_scale, rope_step, ROWS, HEAD_DIM,
                               ROPE_DIM, HAS_FF)  # fmt: skip
-    EARLY: tl.constexpr = NORM_OUT and NORM_EARLY
-    if EARLY:  # the norm weight (a constant) before the weights, the residual after the wait
+    # NORM_OUT: the norm weight (a constant) before the weights, the residual with the
+    # activations after the wait, so that the last program's epilogue waits for no load of its own
+    if NORM_OUT:
         nw = row_slice(nw_ptr, rows, N)
     y, r = row_sums(x_ptr, xq_ptr, xd_ptr, xs_ptr, q_ptr, hi_ptr, sc_ptr, mn_ptr, d_ptr,
                     dmin_ptr, tile, c0, c1, stride_q, stride_s, stride_d, QTYPE, HI, W, G, KW,
                     PREFETCH, QX, PDL, INTERPRETED, CM, EP, SEP, sums_ptr, norm_k, norm_eps,
-                    NORM_BLOCK, res_ptr, rows, N, EARLY)  # fmt: skip
+                    NORM_BLOCK, res_ptr, rows, N, NORM_OUT)  # fmt: skip
     if LATE_NEXT:
         launch_next(PDL)
     if ROPE:  # (no ACT: OUT_W is 0)
@@ -313,9 +312,6 @@ def gemv_int8_rows_kernel(
         last, acc = tile_sums(part_ptr, tickets_ptr, y, rows, N, ROWS, SPLITS)
         if last:
             store_rows(out_ptr, acc, rows, N, ROWS, 0)
-            if not EARLY:
-                r = row_slice(res_ptr, rows, N)
-                nw = row_slice(nw_ptr, rows, N)
             norm_rows(acc, r, nw, rows, N, out_ptr.dtype.element_ty, hres_ptr, nsums_ptr, oq_ptr,
                       od_ptr, os_ptr, OUT_W, OUT_G, oq2_ptr, od2_ptr, os2_ptr, OUT_W2,
                       OUT_G2)  # fmt: skip
@@ -351,7 +347,7 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
     if norm_out is not None and (act or rope is not None):
         raise ValueError("launch_int8_rows: norm_out is for plain rows (no act or rope)")
     warps = cfg.get("num_warps", 4)
-    cm, ep, sep = cache_hints(cfg, pw.qtype)
+    cm, ep, sep = WEIGHT_HINTS
     early = pdl(x.device, gemv_int8_rows_kernel)
     rope_args = rope[0].kernel_args(rope[1]) if rope else no_rope_args(targets[0])
     ends, ends_kw = epilogue_args(xq, int8, out_int8, norm_out, pw.shape[1])
@@ -360,14 +356,9 @@ def launch_int8_rows(x, pw, targets, grid, n_chunks, per_split, cfg, act, interp
         per_split, *strides(pw), **fields(pw), KW=warps, SPLITS=grid[1],
         PREFETCH=bool(cfg.get("PREFETCH")), QX=qx, ACT=act, PDL=early, INTERPRETED=interp,
         CM=cm, EP=ep, SEP=sep, **(rope[0].constexprs() if rope else {}),
-        LATE_NEXT=late_next(rope is not None, pw.qtype, kind=_kind(act, norm_out)),
+        LATE_NEXT=late_next(rope is not None, pw.qtype),
         num_warps=warps, maxnreg=register_cap(cfg, pw.qtype), **ends_kw, **launch_kw(early),
     )  # fmt: skip
-
-
-def _kind(act, norm_out) -> str:
-    """The launch's kind as ``packed_int8_rows_policy.LATE_NEXT_KINDS`` names them."""
-    return "act" if act else "norm" if norm_out is not None else ""
 
 
 def epilogue_args(xq, int8, out_int8, norm_out, k: int) -> tuple[list, dict]:
@@ -386,7 +377,6 @@ def epilogue_args(xq, int8, out_int8, norm_out, k: int) -> tuple[list, dict]:
     kw = {
         "OUT_W": rounded[0][3], "OUT_G": rounded[0][4], "OUT_W2": rounded[1][3],
         "OUT_G2": rounded[1][4], "NORM_OUT": norm_out is not None,
-        "NORM_EARLY": norm_out is not None and norm_ahead.EARLY_LOADS,
         "NORM_BLOCK": sums_block(k) if pending else 0,
     }  # fmt: skip
     return [*rounded[0][:3], *rounded[1][:3], *res, sums, k, eps], kw

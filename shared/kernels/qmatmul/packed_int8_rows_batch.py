@@ -29,11 +29,10 @@ from shared.kernels.qmatmul.layout import ROWS as _ROWS
 from shared.kernels.qmatmul.packed_gemm import fields, planes, strides
 from shared.kernels.qmatmul.packed_int8_rows import accumulate, unpack
 from shared.kernels.qmatmul.packed_int8_rows_loads import fetch
-from shared.kernels.qmatmul.packed_int8_rows_policy import cache_hints
+from shared.kernels.qmatmul.packed_int8_rows_policy import WEIGHT_HINTS
 from shared.kernels.qmatmul.split_tickets import store_rows
 
 __all__ = [
-    "BATCH_MAXNREG",
     "BATCH_MR",
     "BATCH_ROWS",
     "batch_config",
@@ -49,20 +48,6 @@ BATCH_ROWS = 4
 # the most activation rows one program multiplies (MR): past 4 the registers (255 at 8 for Q4_K)
 # cost more occupancy than the shared unpacking saves
 BATCH_MR = 4
-# a register budget for programs of 2 rows (0: the compiler's choice, 92 for Q4_K). 128 let
-# Q4_K's use 128 and took the 6144x4096 GEMV of 2 rows from 12.5 to 10.2 us in one kernel
-# timing (BENCHMARKS (ad)); at 3 rows it lost (156 registers cut to 128: 12.5 -> 13.0 us). In
-# the engine (tools/ab_w1.py's batch-regs-128, (af)) W1 at batches 1, 4 and 8 moved by under
-# 0.2 %, so it stays off
-BATCH_MAXNREG = 0
-# without a SPLIT_K, split K only as far as one wave of programs (the SMs times the programs an
-# SM holds with the compiled kernel's registers, ``device.resident_programs``), not about 31
-# warps an SM whatever the registers (``batch_split``): Q4_K 6144x4096 at 2 rows (92 registers,
-# 5 programs an SM) took 12.7 µs at split 4 (768 programs) and 11.3 at split 3 (576) on the H200
-# (BENCHMARKS.md (ai)); in the engine W1 Q4_K_M rose 6.1 / 3.9 / 4.8 % at batches 2 / 3 / 4
-# (BENCHMARKS.md (aj), tools/ab_w1's batch-wave-off). The split is found once a weight and
-# launch form (PackedWeight.wave_splits)
-BATCH_WAVE = True
 
 
 @triton.jit
@@ -130,7 +115,7 @@ def gemv_int8_rows_batch_kernel(
     ACT: tl.constexpr,  # > 0: rows are gate/up pairs (packed_matmul's act)
     PDL: tl.constexpr,  # launched early (gdc): the first chunks load before wait_prev
     INTERPRETED: tl.constexpr,
-    CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (CACHE_HINTS)
+    CM: tl.constexpr = "",  # the weight words' cache modifier and eviction policy (WEIGHT_HINTS)
     EP: tl.constexpr = "",
     SEP: tl.constexpr = "",  # the scale words' eviction policy
 ):  # fmt: skip
@@ -166,20 +151,17 @@ def gemv_int8_rows_batch_kernel(
 
 def takes(pw: PackedWeight, m: int) -> bool:
     """Whether m rows of pw run this kernel by default: 2 .. BATCH_ROWS rows of interleaved
-    planes of a rows type (BATCH_ROWS read at the call: tools.ab_w1 switches it off)."""
+    planes of a rows type."""
     return pw.rows32 and 1 < m <= BATCH_ROWS and pw.qtype in ROWS_TYPES
 
 
 def batch_config(pw: PackedWeight, m: int) -> dict[str, int]:
     """The batch rows GEMV's config for m rows of pw: the rows in as few programs as BATCH_MR
     allows, evenly (MR = m up to 4; 6 rows: two of 3), 4 warps, K split until about 31 warps an
-    SM (as ``default_rows_split``); programs of 2 rows given a budget of BATCH_MAXNREG
-    registers (maxnreg)."""
+    SM (as ``default_rows_split``), the registers the compiler's choice (a budget of 128 for
+    programs of 2 rows moved W1 by under 0.2 %, BENCHMARKS.md (af))."""
     mr = triton.cdiv(m, triton.cdiv(m, BATCH_MR))
-    cfg = {"ROWS": 1, "num_warps": 4, "MR": mr}
-    if BATCH_MAXNREG and mr == 2:
-        cfg["MAXNREG"] = BATCH_MAXNREG
-    return cfg
+    return {"ROWS": 1, "num_warps": 4, "MR": mr}
 
 
 def batch_split(pw: PackedWeight, groups: int, warps: int) -> int:
@@ -203,9 +185,9 @@ def launch_int8_rows_batch(
 ) -> None:  # fmt: skip
     """out [M, N] (or [M, N / 2] with act) = x [M, K] @ unpack(pw).T by the batch rows GEMV;
     cfg: num_warps (chunks in flight), MR (activation rows a program, default all), SPLIT_K
-    (default ``batch_split``), CACHE (``packed_int8_rows_policy.CACHE_HINTS``); int8: x's rows
-    rounded for pw's layout already ([M, K / 4], [M, K / W] twice, e.g. by the RMSNorm that
-    made them: ``norm.add_rms_norm_int8``), else a launch rounds them."""
+    (default ``batch_split``); int8: x's rows rounded for pw's layout already ([M, K / 4],
+    [M, K / W] twice, e.g. by the RMSNorm that made them: ``norm.add_rms_norm_int8``), else a
+    launch rounds them."""
     if pw.qtype not in ROWS_TYPES or not pw.rows32:
         raise ValueError(f"packed_matmul: no batch rows GEMV for {pw.qtype.name} planes")
     m = x.shape[0]
@@ -223,7 +205,7 @@ def launch_int8_rows_batch(
         xq, xd, xs = int8
         if xq.shape != (m, pw.shape[1] // 4):
             raise ValueError(f"packed_matmul: int8 rows {tuple(xq.shape)} for x {tuple(x.shape)}")
-    cm, ep, sep = cache_hints(cfg, pw.qtype)
+    cm, ep, sep = WEIGHT_HINTS
     early = pdl(x.device, gemv_int8_rows_batch_kernel)
 
     def launch(splits: int, warmup: bool = False):
@@ -242,7 +224,12 @@ def launch_int8_rows_batch(
             **({"grid": grid} if warmup else {}),
         )  # fmt: skip
 
-    if BATCH_WAVE and not cfg.get("SPLIT_K") and not interp and splits > 1:
+    # without a SPLIT_K, K is split only as far as one wave of programs (the SMs times the
+    # programs an SM holds with the compiled kernel's registers, ``device.resident_programs``),
+    # not about 31 warps an SM whatever the registers (``batch_split``): H200, W1 Q4_K_M +6.1 /
+    # +3.9 / +4.8 % at batches 2 / 3 / 4 (BENCHMARKS.md (aj)). The split is found once a weight
+    # and launch form (PackedWeight.wave_splits)
+    if not cfg.get("SPLIT_K") and not interp and splits > 1:
         form = (x.device, m, mr, warps, splits, act, cm, ep, sep, cfg.get("MAXNREG"), early,
                 out.dtype)  # fmt: skip
         if form not in pw.wave_splits:

@@ -91,7 +91,7 @@ def fetch(QTYPE: tl.constexpr, HI: tl.constexpr, q_ptr, hi_ptr, sc_ptr, mn_ptr, 
     """Every load of the chunks cb .. cb + KW - 1 (those below c1): the words [32, KW, NG, 4]
     (row r's four words of group g of chunk cb + k), the high entries [32, KW, NG] and the
     scale words (``_scales``, [32, KW] each). CM, EP: the words' and high entries' cache
-    modifier and eviction policy, SEP the scale words' eviction policy (``CACHE_HINTS``)."""
+    modifier and eviction policy, SEP the scale words' eviction policy (``WEIGHT_HINTS``)."""
     NG: tl.constexpr = W // 4
     r3 = tl.arange(0, ROWS)[:, None, None]
     # chunks past c1 read chunk c1 - 1 (in bounds, unmasked: no registers to clear first);

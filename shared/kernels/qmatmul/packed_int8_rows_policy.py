@@ -1,83 +1,37 @@
 """How a launch of the int8 rows GEMVs (``packed_int8_rows``, ``packed_int8_pair``,
 ``packed_int8_rows_batch``) is shaped on the host: the weight loads' cache hints, when it lets
-the next kernel's programs in, and its register cap. Module flags read at each call, so that
-a patched one (``tools/ab_w1``) reaches every launcher: patch them here."""
+the next kernel's programs in, and its register cap."""
 
 from __future__ import annotations
 
 from shared.kernels.qmatmul.packed_chunk import Q4_K, Q6_K, Q8_0
 
-__all__ = [
-    "CACHE_HINTS",
-    "DEFAULT_CACHE",
-    "LATE_NEXT",
-    "LATE_NEXT_KINDS",
-    "LATE_NEXT_ROPE",
-    "TYPE_CACHE",
-    "cache_hints",
-    "late_next",
-    "maxnreg",
-    "register_cap",
-]
+__all__ = ["LATE_NEXT_ROPE", "WEIGHT_HINTS", "late_next", "maxnreg", "register_cap"]
 
-# config key CACHE: how the weights are loaded, (the words' cache modifier, their eviction policy,
-# the scale words' eviction policy). Each is read once: 1 marks the words first to leave L1 and
-# L2, 3 the scales too, 2 keeps the words out of L1 (".cg"; ptxas refuses it with a policy), 0
-# plain loads.
-CACHE_HINTS = {
-    0: ("", "", ""),
-    1: ("", "evict_first", ""),
-    2: (".cg", "", ""),
-    3: ("", "evict_first", "evict_first"),
-}
-# a config without CACHE: evict-first, the weight words and the scale words. H200 (BENCHMARKS.md
-# 2026-12-01 (z)): no shape of Q4_K_M lost with evict-first words beyond the noise (0.3 %) and
-# ".cg" was never ahead (tools.tune_decode); W1 against plain loads +4.2 % Q4_K_M, +1.7 % Q6_K
-# and Q8_0; the scales evict-first too (3) within noise then. After the norm fold (2026-12-03
-# (aq), W1, two rounds a call): 3 against 1 Q4_K_M +1.3 / +1.4 % (call 1) and +1.4 / +1.3 %
-# (call 2), Q6_K -0.5 / -0.2 % (call 2; within-call spread up to 0.4 %), Q8_0 not A/B'd.
-DEFAULT_CACHE = 3
-# TYPE_CACHE: a weight type's own default instead (a pair launch takes it where both of its
-# types name the same one). Empty: every type takes DEFAULT_CACHE. (aq) call 2: the Q6_K file
-# -0.5 / -0.2 % with 3 against 1, but Q4_K_M's file (Q6_K weights among its Q4_K) was measured
-# with every weight at 3 only: ab_w1's cache-q6k-1 for that.
-TYPE_CACHE: dict[int, int] = {}
-# When a launch lets the next kernel's programs be placed (``gdc.launch_next``): first thing
-# (the default), or after its weight loop, before its epilogue. The decode attention placed
-# while the Q/K/V GEMV runs sat on 52 of 132 SMs beside its programs and walked a tile in
-# 3.25 µs, against 2.46 µs spread over all (BENCHMARKS.md 2026-12-02 (am)).
+# how the weights are loaded: (the words' cache modifier, their eviction policy, the scale
+# words' eviction policy). Each is read once, so both are marked first to leave L1 and L2. H200,
+# W1 (BENCHMARKS.md 2026-12-01 (z), 2026-12-03 (aq)): evict-first words +4.2 % Q4_K_M, +1.7 %
+# Q6_K and Q8_0 against plain loads (".cg" words never ahead); the scales evict-first too
+# +1.3 / +1.4 % Q4_K_M, Q6_K within the noise.
+WEIGHT_HINTS = ("", "evict_first", "evict_first")
+# When a launch lets the next kernel's programs be placed (``gdc.launch_next``): first thing,
+# or after its weight loop, before its epilogue. The decode attention placed while the Q/K/V
+# GEMV runs sat on 52 of 132 SMs beside its programs and walked a tile in 3.25 µs, against
+# 2.46 µs spread over all (BENCHMARKS.md 2026-12-02 (am)).
 # LATE_NEXT_ROPE: the Q/K/V launches with the RoPE epilogue (whose next kernel is the
-# attention) whose weights' types are one of these tuples (one type, or a pair launch's two).
-# H200, W1, two rounds a call (2026-12-02 (an)): Q8_0 +1.7 / +1.6 % and +1.5 / +1.9 %; Q4_K_M
-# with every launch late -0.5 / -0.5 % and -0.7 / -0.8 %, its Q4_K launches alone -1.2 / -0.9
-# %, so Q8_0 only then. Once the norms folded into the GEMVs (norm_ahead), Q4_K_M's Q4_K and
-# Q4_K + Q6_K launches late too won: +1.2 / +1.6 % (2026-12-03 (ap); its Q4_K ones alone
-# +0.3 / +0.5 %). Other types keep the early call (not measured). LATE_NEXT: every rows and
-# pair launch (Q4_K_M -3.7 % in (an) and -6.0 / -5.8 % in (ap), Q6_K -3.3 %, Q8_0 +0.5 %: off).
+# attention) whose weights' types are one of these tuples (one type, or a pair launch's two)
+# call it late. H200, W1, two rounds a call: Q8_0 +1.5 to +1.9 % (2026-12-02 (an)); once the
+# norms folded into the GEMVs (norm_ahead), Q4_K_M's Q4_K and Q4_K + Q6_K launches +1.2 / +1.6
+# % (2026-12-03 (ap)). Other types keep the early call (not measured), and so do the launches
+# without the RoPE epilogue (all of them late: Q4_K_M -6.0 / -5.8 % in (ap); the gate/up or the
+# norm-folding ones alone -2.8 % and -5.3 % in (aq)).
 LATE_NEXT_ROPE = frozenset({(int(Q8_0),), (int(Q4_K),), (int(Q4_K), int(Q6_K))})
-LATE_NEXT = False
-# LATE_NEXT_KINDS: the batch-1 rows launches late by what they end in: "act" (gate/up, the
-# gated rounding; the next kernel is the down projection), "norm" (the output and down
-# projections with the norm folded in, norm_ahead; next: gate/up or the next layer's Q/K/V).
-# H200, W1 Q4_K_M, two rounds (2026-12-03 (aq)): "act" -2.8 / -2.6 %, "norm" -5.3 / -5.2 %: none.
-LATE_NEXT_KINDS: frozenset[str] = frozenset()
 
 
-def late_next(rope: bool, *qtypes: int, kind: str = "") -> bool:
-    """Whether a rows or pair launch of weights of `qtypes` (with the RoPE epilogue or not;
-    `kind` as LATE_NEXT_KINDS names it, "" for none) calls ``launch_next`` after its weight
-    loop (the flags read at the call, so that a patched one reaches every launcher)."""
-    if LATE_NEXT or kind in LATE_NEXT_KINDS:
-        return True
+def late_next(rope: bool, *qtypes: int) -> bool:
+    """Whether a rows or pair launch of weights of `qtypes` (with the RoPE epilogue or not)
+    calls ``launch_next`` after its weight loop."""
     return rope and tuple(int(q) for q in qtypes) in LATE_NEXT_ROPE
-
-
-def cache_hints(cfg: dict, *qtypes: int) -> tuple[str, str, str]:
-    """(CM, EP, SEP) for a rows config of weights of `qtypes`: its CACHE key, else the types'
-    common TYPE_CACHE entry, else DEFAULT_CACHE (read at the call, so that a patched one
-    reaches every launcher)."""
-    own = _common(TYPE_CACHE.get(int(q)) for q in qtypes)
-    return CACHE_HINTS[cfg.get("CACHE", DEFAULT_CACHE if own is None else own)]
 
 
 def maxnreg(qtype: int) -> int | None:

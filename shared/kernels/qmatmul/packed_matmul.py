@@ -85,7 +85,8 @@ def packed_matmul(
     ``CH`` chunks (default 8; the split follows) as one coalesced tile, ``packed_int8_tile``). M >
     1: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``SPLIT_K`` and ``WIDE`` (one dot a
     chunk) or ``FIRST`` (16-bit x: the weights as the dot's first operand, a field a dot,
-    ``packed_gemm_first``) or ``F16`` (Q4_K, Q6_K: the weights formed in fp16, ``packed_gemm16``), or ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then torch's
+    ``packed_gemm_first``) or ``F16`` (Q4_K, Q6_K: the weights formed in fp16,
+    ``packed_gemm16``), or ``DEQUANT`` (1: a dense copy of the weight in x's dtype, then torch's
     matmul). An absent ``SPLIT_K`` splits K when the tiles leave SMs idle. ``dense``: that copy made
     once and kept (``[N, K]`` in x's dtype):
     ``DEQUANT`` multiplies by it instead of dequantizing each call. ``int8``: for the rows
@@ -241,7 +242,7 @@ def rows_plan(pw: PackedWeight, cfg: dict, pair: PackedWeight | None = None) -> 
     where they fit (pair: a second weight in the same launch, ``packed_int8_pair``), else 4
     warps; the split is ``SPLIT_K`` or ``default_rows_split``."""
     if not cfg.get("ROWS"):
-        wide = wide_plan(pw, pair) if WIDE_ROWS else None
+        wide = wide_plan(pw, pair)
         if wide is not None:
             return {"ROWS": 1, "num_warps": wide, "MAXNREG": WIDE_MAXNREG}, 1
         cfg = {"ROWS": 1, "num_warps": 4}
@@ -260,7 +261,6 @@ def rows_plan(pw: PackedWeight, cfg: dict, pair: PackedWeight | None = None) -> 
 # stay unsplit: W1 Q4_K_M against 64, two rounds in each of three calls, +0.3 / +0.3 % and
 # +0.2 / +0.5 % ((an)), +0.3 % ((am)); Q6_K -0.1 / +0.3 %, Q8_0 +0.0 / +0.0 % (no wide
 # shapes there: their 4096 x 4096 rows take 32 chunks)
-WIDE_ROWS = True
 WIDE_MAXNREG = 72
 _WIDE_WARPS = (8, 16)
 

@@ -19,7 +19,6 @@ The values are the packed weight's: ``deinterleave`` returns it exactly.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
@@ -34,9 +33,8 @@ _SCALE_PLANES = ("sc", "mn", "d", "dmin")
 
 def wants_rows(qtype: int) -> bool:
     """Whether a CUDA layer of this type keeps its planes interleaved (batch 1 then runs the
-    rows GEMV; everything else reads either layout). ``SKIFF_ROWS_LAYOUT=0`` keeps the plain
-    planes (and the plain batch-1 GEMVs)."""
-    return qtype in ROWS_TYPES and os.environ.get("SKIFF_ROWS_LAYOUT", "1") != "0"
+    rows GEMV; everything else reads either layout)."""
+    return qtype in ROWS_TYPES
 
 
 def unit(pw: PackedWeight, name: str) -> int:

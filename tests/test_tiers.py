@@ -27,6 +27,15 @@ def test_a_case_stays_on_the_cpu_when_every_named_value_is_kept() -> None:
     assert cpu_tier_case({"qtype": 14}, tier)  # parameters the tier does not name: all kept
 
 
+def test_a_function_of_its_own_couples_parameters() -> None:
+    tier = {"split": {1, 2}, "test_a": lambda p: p["m"] == 5 or p["qtype"] == 12}
+    assert cpu_tier_case({"qtype": 14, "m": 5, "split": 2}, tier, "test_a")
+    assert not cpu_tier_case({"qtype": 14, "m": 3, "split": 1}, tier, "test_a")
+    assert cpu_tier_case({"qtype": 12, "m": 3, "split": 1}, tier, "test_a")
+    assert not cpu_tier_case({"qtype": 12, "m": 3, "split": 4}, tier, "test_a")  # and the sets
+    assert cpu_tier_case({"qtype": 14, "m": 3, "split": 1}, tier, "test_b")  # not its function
+
+
 def test_cases_outside_the_tier_are_marked_exhaustive() -> None:
     mod = types.SimpleNamespace(__name__="m", CPU_TIER={"split": {1}})
     items = [_Item(mod, "test_a", {"qtype": q, "split": s}) for q in (12, 14) for s in (1, 4)]

@@ -7,8 +7,10 @@ type at one shape (and one split, one tile). The rest of a sweep is the exhausti
 A test module names what its CPU tier keeps, by parameter: ``CPU_TIER = {"split": {1},
 "shape": {(32, 256)}}``. A parametrized case whose value of a named parameter is outside its
 set is marked ``exhaustive``; parameters the dict does not name (the weight type) are kept
-whole. A test function whose every case would leave the CPU tier is an error: no kernel path
-loses its CPU test.
+whole. A key naming a test function instead holds a predicate over that function's parameter
+values, for tiers that couple parameters: ``{"test_rows": lambda p: p["m"] == 5 or p["qtype"]
+== T.Q4_K}`` keeps one config for every type and the other for one type. A test function whose
+every case would leave the CPU tier is an error: no kernel path loses its CPU test.
 """
 
 from __future__ import annotations
@@ -18,9 +20,17 @@ from collections import defaultdict
 import pytest
 
 
-def cpu_tier_case(params: dict, tier: dict) -> bool:
-    """Whether a case with these parameter values belongs to the CPU tier of `tier`."""
-    return all(params[name] in keep for name, keep in tier.items() if name in params)
+def cpu_tier_case(params: dict, tier: dict, test: str = "") -> bool:
+    """Whether a case of the function `test` with these parameter values belongs to the CPU
+    tier of `tier`."""
+    own = tier.get(test)
+    if own is not None and not own(params):
+        return False
+    return all(
+        params[name] in keep
+        for name, keep in tier.items()
+        if name in params and not name.startswith("test_")
+    )
 
 
 def mark_exhaustive(items: list[pytest.Item]) -> None:
@@ -32,7 +42,7 @@ def mark_exhaustive(items: list[pytest.Item]) -> None:
         if not tier or params is None:
             continue
         key = (item.module.__name__, item.originalname)
-        if cpu_tier_case(params, tier):
+        if cpu_tier_case(params, tier, item.originalname):
             kept[key] = True
         else:
             item.add_marker(pytest.mark.exhaustive)

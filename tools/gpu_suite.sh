@@ -28,15 +28,12 @@ timeout ${GPU_TESTS_S:-300} python3 -m pytest -m gpu -q -rs -p no:cacheprovider 
   --tb=short -n $W --dist loadfile tests 2>&1 \
   | tee "$OUT/pytest-gpu.log"
 rc=${PIPESTATUS[0]}
-# The kernel tests run natively at their CUDA sizes (not only the gpu-marked ones).
-timeout ${KERNEL_TESTS_S:-240} python3 -m pytest -q -rs -p no:cacheprovider -p no:benchmark -m "" \
-  --tb=short -n $W \
-  tests/test_kernel_paged_attention.py tests/test_kernel_paged_attention_fp8.py \
-  tests/test_kernel_paged_attention_args.py tests/test_kernels_fused.py \
-  tests/test_kernel_rope_kv_fp8.py tests/test_triton_model.py \
-  tests/test_kernel_packed_gemv.py tests/test_kernel_packed_dequant.py tests/test_kernel_packed_act.py \
-  tests/test_kernel_packed_matmul.py \
-  tests/test_quant_linear.py tests/test_qmatmul_tuning.py 2>&1 | tee "$OUT/pytest-kernels.log"
+# The kernel and model tests natively at their CUDA sizes, the exhaustive tier (tests/tiers.py)
+# with them: every case that is not gpu-marked (those ran above).
+timeout ${KERNEL_TESTS_S:-360} python3 -m pytest -q -rs -p no:cacheprovider -p no:benchmark \
+  -m "not gpu" --tb=short -n $W tests/test_kernel*.py tests/test_*_model.py \
+  tests/test_quant_linear.py tests/test_qmatmul_tuning.py tests/test_dense_copies.py 2>&1 \
+  | tee "$OUT/pytest-kernels.log"
 krc=${PIPESTATUS[0]}; [ $rc -eq 0 ] && rc=$krc
 if [ "${SKIFF_BENCH:-1}" = 1 ]; then
   python3 -m tools.bench_attention 2>&1 | tee "$OUT/bench-attention.txt"

@@ -17,7 +17,7 @@ cannot fill the device (few output rows, long K) the super-block loop is split o
 grid axis and the float32 partial sums are added afterwards (split-K).
 
 Tile sizes are constexpr with fixed defaults chosen by M; per-device autotuning is future work
-(tools/bench_qgemv_kquants.py reports GB/s against the copy bandwidth to guide it).
+(tools/bench_qgemv.py reports GB/s against the copy bandwidth to guide it).
 Q2_K and Q3_K are not implemented yet and raise NotImplementedError.
 """
 

@@ -65,7 +65,11 @@ def test_models_lists_the_served_model(client, model_name: str) -> None:
 
 
 def test_chat_non_streaming(client, model_name: str, tokenizer, smollm2_path: Path) -> None:
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    # (the bare question is a near-tie for this 135M model: llama.cpp and the CPU worker's
+    # int4 path answer "L'Étoile, ...", the float32 copies "The capital of France is Paris")
+    messages = [
+        {"role": "user", "content": "What is the capital of France? Answer in one sentence."}
+    ]
     r = client.chat.completions.create(
         model=model_name, messages=messages, max_tokens=24, temperature=0
     )

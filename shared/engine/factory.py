@@ -42,6 +42,8 @@ class EngineConfig:
     overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
     step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
     dense_copies: str = "auto"  # auto / on / off: dense copies of packed weights (big batches)
+    # CPU: quantized linears as torch's int4 planes (int4_linear), else float copies ("float")
+    cpu_weights: str = "int4"
 
 
 @dataclass
@@ -89,7 +91,12 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         raise ValueError(f"cuda_graphs {cfg.cuda_graphs!r}: one of {', '.join(GRAPH_MODES)}")
     f = GGUFFile(cfg.model_path)
     dtype = getattr(torch, cfg.dtype)
-    model = load_model(f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies)
+    if cfg.cpu_weights not in ("int4", "float"):
+        raise ValueError(f"cpu_weights {cfg.cpu_weights!r}: int4 or float")
+    int4 = cfg.cpu_weights == "int4" and torch.device(cfg.device).type == "cpu"
+    model = load_model(
+        f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies, cpu_int4=int4
+    )
     mc = model.cfg
     max_len = cfg.max_model_len or min(mc.context_length, 8192)
     kv_dtype = resolve_kv_dtype(cfg.kv_dtype, dtype, cfg.device)

@@ -39,6 +39,8 @@ class ServeConfig:
     step_target_ms: float | None = None  # workers cap prompt chunks beside decodes
     dense_copies: str | None = None  # None: the workers' default (auto)
     cuda_graphs: str | None = None  # None: the workers' default (all)
+    cpu_weights: str | None = None  # None: the workers' default (int4)
+    threads: int | None = None  # None: the workers' default (the cores they may run on)
     stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
 
     @property
@@ -64,6 +66,8 @@ class ServeConfig:
             step_target_ms=args.step_target_ms,
             dense_copies=args.dense_copies,
             cuda_graphs=args.cuda_graphs,
+            cpu_weights=args.cpu_weights,
+            threads=args.threads,
             stop_timeout_s=args.stop_timeout,
         )
 
@@ -116,6 +120,19 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=["auto", "on", "off"],
         help="dense copies of quantized weights for batches of more than 16 rows (default auto: "
         "where the GPU has four times their size free)",
+    )
+    p.add_argument(
+        "--cpu-weights",
+        default=None,
+        choices=["int4", "float"],
+        help="a CPU worker's quantized weights: int4 (default: 4-bit planes for torch's int4 "
+        "GEMM where the type allows) or float (float32 copies)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="a CPU worker's threads (default: the cores it may run on)",
     )
     p.add_argument(
         "--cuda-graphs",
@@ -234,6 +251,8 @@ def plan_processes(
         "--step-target-ms": config.step_target_ms,
         "--dense-copies": config.dense_copies,
         "--cuda-graphs": config.cuda_graphs,
+        "--cpu-weights": config.cpu_weights,
+        "--threads": config.threads,
     }
     extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
     extra.append("--overlap" if config.overlap else "--no-overlap")

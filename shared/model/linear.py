@@ -52,6 +52,7 @@ from shared.kernels.qmatmul.packed_matmul import (
 from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kernels.qmatmul.qkv_rope import QKVRope
 from shared.kernels.qmatmul.tuning import Tuner
+from shared.model.int4_linear import Int4Weight, int4_supported
 from shared.quant import dequantize
 
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
@@ -83,6 +84,7 @@ class QuantLinear(nn.Module):
         cache_dequantized: bool = False,
         use_kernels: bool = False,
         tuner: Tuner | None = None,
+        int4: bool = False,
     ) -> None:
         super().__init__()
         self.qtype = qtype
@@ -99,7 +101,12 @@ class QuantLinear(nn.Module):
         # kept beside the packed planes for batches of more than dense_rows rows
         self.dense_copy: torch.Tensor | None = None
         self.dense_rows = 0
-        if qtype in FLOAT_TYPES or cache_dequantized:
+        # the CPU's 4-bit planes (int4_linear), for the types and shapes torch's kernel takes
+        self.int4: Int4Weight | None = None
+        if int4 and raw.device.type == "cpu" and int4_supported(qtype, shape):
+            self.int4 = Int4Weight(raw, qtype, shape)
+            self.raw = None
+        elif qtype in FLOAT_TYPES or cache_dequantized:
             self.dense_copy = self._dequantize()
             if qtype in FLOAT_TYPES:
                 self.raw = None  # the dense copy is the same values; keep one
@@ -114,6 +121,8 @@ class QuantLinear(nn.Module):
             self._gemv = quant_gemv_kquant
 
     def _dequantize(self) -> torch.Tensor:
+        if self.int4 is not None:
+            return self.int4.dequantize().to(self.compute_dtype)
         if self.packed is not None:
             return unpack(self.packed).to(self.compute_dtype)
         return dequantize(self.raw, self.qtype, self.shape).to(self.compute_dtype)
@@ -207,7 +216,9 @@ class QuantLinear(nn.Module):
             return out.copy_(self(x, rounded).reshape(out.shape))
         if self.kernel_error is not None:
             return F.linear(x, self.weight(), self.bias)
-        if pw is not None:
+        if self.int4 is not None:
+            y = self.int4.matmul(x.reshape(-1, self.shape[1]))
+        elif pw is not None:
             x2 = x.reshape(-1, self.shape[1])
             int8 = rounded.get(int8_layout(pw)) if rounded else None
             into = out.view(1, -1) if out is not None else None

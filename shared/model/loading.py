@@ -28,15 +28,18 @@ def load_model(
     cache_dequantized: bool | None = None,
     ops: str = "auto",
     dense_copies: str = "off",
+    cpu_int4: bool = False,
 ) -> CausalLM:
     """`cache_dequantized` defaults to True on the CPU, where per-call dequantization dominates;
     `ops` picks the op implementations: "auto" (Triton on CUDA), "torch" or "triton";
     `dense_copies` (auto / on / off): dense copies of packed weights beside them for batches of
-    more than 16 rows (shared.model.dense_copies)."""
+    more than 16 rows (shared.model.dense_copies); `cpu_int4`: on the CPU, quantized linears of
+    the 32-element affine types kept as 4-bit planes for torch's int4 GEMM
+    (shared.model.int4_linear) instead of float copies."""
     cfg = ModelConfig.from_gguf(f)
     if cache_dequantized is None:
         cache_dequantized = torch.device(device).type == "cpu"
-    w = WeightLoader(f, device, compute_dtype, cache_dequantized, ops_for(device, ops))
+    w = WeightLoader(f, device, compute_dtype, cache_dequantized, ops_for(device, ops), cpu_int4)
     model = ARCHITECTURES[cfg.arch](cfg, w).eval()
     tune_linears(model)
     add_dense_copies(model, dense_copies)

@@ -24,12 +24,14 @@ class WeightLoader:
         compute_dtype: torch.dtype,
         cache_dequantized: bool,
         ops: TorchOps,
+        cpu_int4: bool = False,
     ) -> None:
         self.f = f
         self.ops = ops  # the op implementations the model built from these weights calls
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
         self.cache_dequantized = cache_dequantized
+        self.cpu_int4 = cpu_int4  # quantized linears as int4 planes on the CPU (int4_linear)
         # tile choices of the packed matmuls, measured per device (tune_linears)
         self.tuner = Tuner(self.device) if self.use_kernels and self.device.type == "cuda" else None
 
@@ -72,6 +74,7 @@ class WeightLoader:
             self.cache_dequantized,
             self.use_kernels,
             self.tuner,
+            int4=self.cpu_int4,
         )
 
     def split_linear(self, names: list[str], outs: list[int], in_features: int) -> SplitLinear:
@@ -164,6 +167,7 @@ class WeightLoader:
             self.cache_dequantized,
             self.use_kernels,
             self.tuner,
+            int4=self.cpu_int4,
         )
         if self.packs and head.packed is not None:
             embedding.packed, embedding.raw = head.packed, None

@@ -28,10 +28,20 @@ class WorkerConfig:
     step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
     dense_copies: str = "auto"  # dense copies of packed weights for big batches (auto/on/off)
     cuda_graphs: str = "all"  # steps replayed from CUDA graphs: all, decode or off
+    cpu_weights: str = "int4"  # CPU: quantized linears as int4 planes, or float copies ("float")
+    threads: int = 0  # CPU threads of torch's ops (0: the cores this process may run on)
     worker_id: str = ""
 
     def resolved_id(self) -> str:
         return self.worker_id or f"{socket.gethostname()}-{self.device}-{os.getpid()}"
+
+
+def cpu_threads(requested: int) -> int:
+    """The threads a CPU worker runs torch's ops on: `requested`, else every core this process
+    may run on (its affinity: a container's or taskset's share, not the machine's)."""
+    if requested > 0:
+        return requested
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def default_dtype(device: str) -> str:
@@ -105,6 +115,21 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         help="steps replayed from CUDA graphs captured at startup: all (decode and mixed "
         "prefill/decode steps), decode (decode steps only) or off (env SKIFF_CUDA_GRAPHS)",
     )
+    p.add_argument(
+        "--cpu-weights",
+        default=env("SKIFF_CPU_WEIGHTS", "int4"),
+        choices=["int4", "float"],
+        help="on the CPU, the quantized weights: int4 (4-bit planes for torch's int4 GEMM, "
+        "Q4_0..Q8_0, Q4_K, Q5_K; other types float) or float (float32 copies of every weight) "
+        "(env SKIFF_CPU_WEIGHTS)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=int(env("SKIFF_THREADS", "0")),
+        help="CPU threads for torch's ops (0, the default: the cores this process may run on; "
+        "env SKIFF_THREADS)",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -125,5 +150,7 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         step_target_ms=a.step_target_ms,
         dense_copies=a.dense_copies,
         cuda_graphs=a.cuda_graphs,
+        cpu_weights=a.cpu_weights,
+        threads=a.threads,
         worker_id=a.worker_id,
     )

@@ -17,6 +17,7 @@ import traceback
 import uuid
 
 import msgspec
+import torch
 import zmq
 
 from shared.engine import Sequence, TokenEvent
@@ -32,7 +33,7 @@ from shared.protocol import (
     encoder,
 )
 from shared.sampling import SamplingParams, make_generator
-from shared.worker.config import WorkerConfig
+from shared.worker.config import WorkerConfig, cpu_threads
 from shared.worker.control import ControlChannel
 from shared.worker.stalls import StallLog
 
@@ -173,6 +174,8 @@ class WorkerLoop:
 
 def run_worker(cfg: WorkerConfig) -> int:
     wid = cfg.resolved_id()
+    if cfg.device == "cpu":
+        torch.set_num_threads(cpu_threads(cfg.threads))
     log(wid, f"loading {cfg.model} on {cfg.device} ({cfg.dtype})")
     loaded = build_engine(
         EngineConfig(
@@ -189,6 +192,7 @@ def run_worker(cfg: WorkerConfig) -> int:
             step_target_ms=cfg.step_target_ms,
             dense_copies=cfg.dense_copies,
             cuda_graphs=cfg.cuda_graphs,
+            cpu_weights=cfg.cpu_weights,
         )
     )
     engine = loaded.engine

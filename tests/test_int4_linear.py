@@ -51,3 +51,18 @@ def test_quant_linear_keeps_planes_where_it_can() -> None:
             random_raw(qtype, *shape, seed=2), qtype, shape, torch.float32, None, True, int4=True
         )
         assert other.int4 is None and other.dense_copy is not None
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0], ids=lambda t: t.name)
+def test_planes_built_in_row_chunks_are_the_whole_ones(
+    qtype: T, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shared.model.int4_linear as int4_linear
+
+    # the packing lays rows out in blocks of 64: chunks of whole blocks, and a ragged tail
+    raw = random_raw(qtype, 208, 256, seed=3)
+    whole = Int4Weight(raw, qtype, (208, 256))
+    monkeypatch.setattr(int4_linear, "_CHUNK", 64)
+    chunked = Int4Weight(raw, qtype, (208, 256))
+    for (p, sz), (q, tz) in zip(whole.planes, chunked.planes, strict=True):
+        assert torch.equal(p, q) and torch.equal(sz, tz)

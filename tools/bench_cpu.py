@@ -92,7 +92,8 @@ def llama_cpp(path: str, threads: int, prompt: int, gen: int) -> dict:
     pp = prompt / (time.perf_counter() - t0)
     t1 = time.perf_counter()
     for _ in range(gen):
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(vocab,))
+        token = int(np.argmax(logits))
         llm.eval([token])
     tg = gen / (time.perf_counter() - t1)
     return {

@@ -27,6 +27,7 @@ from shared.quant.affine import AFFINE_TYPES, GROUP, affine
 __all__ = ["Int4Weight", "int4_supported"]
 
 _N_MULTIPLE = 16  # the kernel's packing takes rows in sixteens
+_CHUNK = 4096  # rows built at a time: whole blocks of the packing's 64 rows
 
 
 def int4_supported(qtype: int, shape: tuple[int, int]) -> bool:
@@ -42,26 +43,43 @@ def _has_kernel() -> bool:
     )
 
 
+def _planes(raw: torch.Tensor, qtype: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The planes of raw's rows: one for 4-bit codes, two for 5 or 8 bits (centred codes
+    ``c = code - 2^(bits-1) = 16 * hi + lo``, hi signed, lo in 0..15)."""
+    form = affine(raw, qtype, (raw.shape[0], k))
+    if form.bits <= 4:
+        return [_plane(form.codes, form.scale, form.offset + 8.0 * form.scale)]
+    half = 1 << (form.bits - 1)
+    c = form.codes.to(torch.int16) - half
+    offset = form.offset + half * form.scale  # 0 for Q5_0 and Q8_0
+    return [
+        _plane((c >> 4) + 8, 16.0 * form.scale, torch.zeros_like(form.scale)),
+        _plane(c & 15, form.scale, offset + 8.0 * form.scale),
+    ]
+
+
+def _plane(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed codes, [G, N, 2] bf16 scales and zeros) of one plane: w = (q - 8) * s + z."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+    return packed, torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous()
+
+
 class Int4Weight:
     """One or two int4 planes of a [N, K] weight and their bf16 scales and zeros."""
 
     def __init__(self, raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> None:
-        form = affine(raw, qtype, shape)
         self.shape = shape
-        self.planes: list[tuple[torch.Tensor, torch.Tensor]] = []  # (packed codes, [G, N, 2])
-        if form.bits <= 4:
-            self._add(form.codes, form.scale, form.offset + 8.0 * form.scale)
-        else:  # centred codes c = code - 2^(bits-1) = 16 * hi + lo, hi signed, lo in 0..15
-            half = 1 << (form.bits - 1)
-            c = form.codes.to(torch.int16) - half
-            self._add((c >> 4) + 8, 16.0 * form.scale, torch.zeros_like(form.scale))
-            offset = form.offset + half * form.scale  # 0 for Q5_0 and Q8_0
-            self._add(c & 15, form.scale, offset + 8.0 * form.scale)
-
-    def _add(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-        sz = torch.stack([scale.T, zero.T], dim=-1).to(torch.bfloat16).contiguous()
-        self.planes.append((packed, sz))
+        n, k = shape
+        rows = raw.reshape(n, -1)
+        # built _CHUNK rows at a time: the int32 codes the packing takes are 8x the weight
+        # (Gemma 3's 262,144-row embedding: 671 MB at once)
+        parts = [_planes(rows[r : r + _CHUNK], qtype, k) for r in range(0, n, _CHUNK)]
+        self.planes: list[tuple[torch.Tensor, torch.Tensor]] = [  # (packed codes, [G, N, 2])
+            (torch.cat([p[i][0] for p in parts]), torch.cat([p[i][1] for p in parts], dim=1))
+            for i in range(len(parts[0]))
+        ]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] (any float dtype) @ W.T: [M, N] in x's dtype."""

@@ -45,12 +45,14 @@ def test_quant_linear_keeps_planes_where_it_can() -> None:
     x = torch.randn(3, 256)
     ref = x @ dequantize(raw, T.Q4_1, (32, 256)).T
     assert float((layer(x) - ref).norm() / ref.norm()) < 1e-2
-    # Q6_K (16-element scales) and 24 rows (not a multiple of 16) keep a float32 copy
+    # Q6_K (16-element scales) and 24 rows (not a multiple of 16) keep a bf16 copy instead
     for qtype, shape in ((T.Q6_K, (32, 256)), (T.Q4_1, (24, 256))):
-        other = QuantLinear(
-            random_raw(qtype, *shape, seed=2), qtype, shape, torch.float32, None, True, int4=True
-        )
-        assert other.int4 is None and other.dense_copy is not None
+        raw = random_raw(qtype, *shape, seed=2)
+        other = QuantLinear(raw, qtype, shape, torch.float32, None, True, int4=True)
+        assert other.int4 is None and other.dense_copy.dtype == torch.bfloat16
+        ref = x @ dequantize(raw, qtype, shape).T
+        got = other(x)
+        assert got.dtype == torch.float32 and float((got - ref).norm() / ref.norm()) < 1e-2
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0], ids=lambda t: t.name)

@@ -106,6 +106,10 @@ class QuantLinear(nn.Module):
         if int4 and raw.device.type == "cpu" and int4_supported(qtype, shape):
             self.int4 = Int4Weight(raw, qtype, shape)
             self.raw = None
+        elif int4 and raw.device.type == "cpu" and qtype not in FLOAT_TYPES:
+            # the other quantized types (16-element scales: Q2_K, Q3_K, Q6_K; ragged shapes):
+            # a bf16 copy, half a float32 one's bytes (decode reads it whole every step)
+            self.dense_copy = self._dequantize().to(torch.bfloat16)
         elif qtype in FLOAT_TYPES or cache_dequantized:
             self.dense_copy = self._dequantize()
             if qtype in FLOAT_TYPES:
@@ -227,6 +231,8 @@ class QuantLinear(nn.Module):
                 return out
         elif self._gemv is not None and x.numel() <= _GEMV_MAX_M * self.shape[1]:
             y = self._gemv(x.reshape(-1, self.shape[1]), self.raw, self.qtype)
+        elif self.dense_copy is not None and self.dense_copy.dtype != x.dtype:  # a bf16 copy
+            y = F.linear(x.to(self.dense_copy.dtype), self.dense_copy).to(x.dtype)
         else:
             return F.linear(x, self.weight(), self.bias)
         y = y.reshape(*x.shape[:-1], self.shape[0])

@@ -77,7 +77,7 @@ gpu-wheels:
 gpu-payload: gpu-wheels models
 	mkdir -p .device/models/synthetic
 	find $(MODELS)/synthetic -name '*.gguf' ! -name '*dequant*' ! -name '*.f32.gguf' \
-	  -exec cp {} .device/models/synthetic/ \;
+	  -size -20M -exec cp {} .device/models/synthetic/ \;
 	du -sh .whl .device $(wildcard .tcache)
 
 clean:

@@ -81,10 +81,11 @@ class WeightLoader:
         """Projections of one input. With the kernels, each run of consecutive weights of one
         type (and all or none with a bias) is one matmul over their concatenated rows: Llama-3
         Q4_K_M's Q4_K q and k are one launch beside its Q6_K v, not two (and each a rounding of
-        the activations at batch 1). Without, one matmul each."""
+        the activations at batch 1). So on the CPU's int4 planes (one call of torch's kernel
+        for Q/K/V, one for gate/up). Otherwise one matmul each."""
         infos = [self.f.info(f"{name}.weight") for name in names]
         keys = [(i.qtype, self.has(f"{n}.bias")) for i, n in zip(infos, names, strict=True)]
-        if not self.packs:
+        if not (self.packs or self.cpu_int4):
             keys = list(range(len(names)))  # every projection its own run
         parts = []
         for _, group in itertools.groupby(range(len(names)), key=keys.__getitem__):
@@ -109,8 +110,10 @@ class WeightLoader:
             (sum(o for _, o in run), in_features),
             self.compute_dtype,
             bias,
-            use_kernels=True,
-            tuner=self.tuner,
+            self.cache_dequantized,
+            self.use_kernels,
+            self.tuner,
+            int4=self.cpu_int4,
         )
 
     def gated_linear(

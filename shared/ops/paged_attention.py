@@ -31,7 +31,7 @@ def paged_attention_ref(
     scale: float,
     sliding_window: int = 0,
 ) -> torch.Tensor:
-    block_size, n_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    block_size, n_kv_heads, dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     group = q.shape[1] // n_kv_heads
     out = torch.empty_like(q)
     for b, n_keys in enumerate(seq_lens):
@@ -39,21 +39,41 @@ def paged_attention_ref(
         n_query = q1 - q0
         if n_query == 0:
             continue
-        n_blocks = -(-n_keys // block_size)
-        blocks = block_tables[b, :n_blocks].long()
-        k = k_cache[blocks].reshape(-1, n_kv_heads, k_cache.shape[-1])[:n_keys].float()
-        v = v_cache[blocks].reshape(-1, n_kv_heads, v_cache.shape[-1])[:n_keys].float()
-        k = k.repeat_interleave(group, dim=1)  # [n_keys, n_heads, D]
-        v = v.repeat_interleave(group, dim=1)
-        # operands are rounded to the cache dtype, as a tensor-core kernel over this cache does
-        qb = q[q0:q1].to(k_cache.dtype).float()
-        scores = torch.einsum("qhd,khd->hqk", qb, k) * scale
-        q_pos = torch.arange(n_keys - n_query, n_keys, device=q.device)[:, None]
-        k_pos = torch.arange(n_keys, device=q.device)[None, :]
-        allowed = k_pos <= q_pos
-        if sliding_window:
-            allowed &= q_pos - k_pos < sliding_window
-        scores = scores.masked_fill(~allowed[None], float("-inf"))
+        # keys before the first query's window are no query's: their blocks are not read
+        first = max(0, n_keys - n_query - sliding_window + 1) if sliding_window else 0
+        b0 = first // block_size
+        k = _gather(k_cache, block_tables[b], b0, n_keys)[first - b0 * block_size :].float()
+        v = _gather(v_cache, block_tables[b], b0, n_keys)[first - b0 * block_size :].float()
+        # operands are rounded to the cache dtype, as a tensor-core kernel over this cache does.
+        # A KV head's query heads (g) and rows side by side: [kv heads, g * n_query, D] against
+        # its keys [kv heads, D, keys], so the keys are not repeated per query head
+        qb = q[q0:q1].to(k_cache.dtype).float().reshape(n_query, n_kv_heads, group, dim)
+        qb = qb.permute(1, 2, 0, 3).reshape(n_kv_heads, group * n_query, dim)
+        scores = torch.matmul(qb, k.permute(1, 2, 0)).mul_(scale)
+        if n_query > 1 or (sliding_window and n_keys - first > sliding_window):
+            q_pos = torch.arange(n_keys - n_query, n_keys, device=q.device)[:, None]
+            k_pos = torch.arange(first, n_keys, device=q.device)[None, :]
+            allowed = k_pos <= q_pos
+            if sliding_window:
+                allowed &= q_pos - k_pos < sliding_window
+            scores = scores.view(n_kv_heads, group, n_query, -1).masked_fill(~allowed, -torch.inf)
+            scores = scores.view(n_kv_heads, group * n_query, -1)
         probs = torch.softmax(scores, dim=-1).to(v_cache.dtype).float()
-        out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+        o = torch.matmul(probs, v.transpose(0, 1)).view(n_kv_heads, group, n_query, dim)
+        out[q0:q1] = o.permute(2, 0, 1, 3).reshape(n_query, -1, dim).to(q.dtype)
     return out
+
+
+def _gather(cache: torch.Tensor, table: torch.Tensor, b0: int, n_keys: int) -> torch.Tensor:
+    """One sequence's keys (or values) from block b0 of its table to key n_keys:
+    [keys, n_kv_heads, head_dim]. A view where those blocks are consecutive in the pool (a
+    sequence allocated in one go), else a copy of them."""
+    block_size = cache.shape[1]
+    b1 = -(-n_keys // block_size)
+    blocks = table[b0:b1]
+    start = int(blocks[0])
+    flat = cache.view(-1, *cache.shape[2:])
+    n = n_keys - b0 * block_size
+    if start + b1 - b0 - 1 == int(blocks[-1]) and bool((blocks.diff() == 1).all()):
+        return flat[start * block_size : start * block_size + n]
+    return cache.index_select(0, blocks.long()).view(-1, *cache.shape[2:])[:n]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
+    # x * rsqrt(mean(x^2) + eps) * weight in float32, as one op
+    return F.rms_norm(x.float(), x.shape[-1:], weight.float(), eps).to(x.dtype)

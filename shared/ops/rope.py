@@ -35,7 +35,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool
     if neox:
         a, b = rot[..., : rope_dim // 2], rot[..., rope_dim // 2 :]
         out = torch.cat((a * c - b * s, a * s + b * c), dim=-1)
-    else:
-        a, b = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+    else:  # adjacent pairs are complex numbers: (a + ib)(c + is) is the rotation, in one op
+        pairs = torch.view_as_complex(rot.reshape(*rot.shape[:-1], rope_dim // 2, 2))
+        out = torch.view_as_real(pairs * torch.complex(c, s)).flatten(-2)
     return torch.cat((out, rest), dim=-1).to(x.dtype)

@@ -4,6 +4,9 @@ Sockets (DESIGN.md, "The wire"):
 - gateway ROUTER <-> worker DEALER: `GatewayToWorker` down (requests, aborts), `WorkerToGateway`
   up (ready announcement, heartbeats, rejections).
 - worker PUSH -> gateway PULL: one `StepTokens` per engine step with every sequence's new token.
+- worker DEALER <-> kvcache ROUTER: `WorkerToKV` up, `KVToWorker` down. The KV bytes never ride
+  these messages: on one host they sit in the kvcache's shared-memory segment of fixed-size slots
+  (one block each), which both processes map; a message names slots by number.
 Each message is one msgpack frame; its tag (a short string) says which struct it is.
 """
 
@@ -91,6 +94,7 @@ class TokenOut(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     top_ids: list[int] | None = None
     top_logprobs: list[float] | None = None
     finish_reason: FinishReason | None = None
+    cached_tokens: int = 0  # on a sequence's first token: prompt tokens it did not compute
 
 
 class StepTokens(_Msg, tag="step"):
@@ -98,11 +102,89 @@ class StepTokens(_Msg, tag="step"):
     tokens: list[TokenOut]
 
 
+# -- worker <-> kvcache ----------------------------------------------------------------------------
+# Slots: the kvcache's RAM tier is one file of `slots` x `block_bytes` per model key (under
+# /dev/shm), which a worker maps. A block's bytes are its K then V of every layer in order (then
+# FP8 scales), `shared.kv.block_io`'s layout. A worker writes only into slots granted to it
+# (`KVAttach.granted`, `KVGrant`) and reads only slots a `KVFound` pinned for it until its
+# `KVRelease`. Every message after the attach carries the kvcache's `instance`: one from an
+# earlier kvcache process is answered by `KVStale` (the worker attaches again).
+
+
+class KVBlock(msgspec.Struct, array_like=True, gc=False):
+    hash: int  # the chained block hash (BlockManager.commit), model key included
+    slot: int
+    tokens: list[int]  # the block's token ids: every hit is checked against them
+
+
+class KVHello(_Msg, tag="kvhello"):
+    worker_id: str
+    model_key: str  # hex: model file identity, KV dtype and scales, block size, layer layout
+    block_bytes: int
+    want_slots: int  # free slots the worker asks to hold for writing
+
+
+class KVPut(_Msg, tag="kvput"):
+    """Blocks the worker wrote into granted slots (their copies have finished); the kvcache
+    indexes them (or frees the slot of a hash it has) and answers with a `KVGrant`."""
+
+    instance: str
+    blocks: list[KVBlock]
+
+
+class KVLookup(_Msg, tag="kvlookup"):
+    """The hashes of a prompt's full blocks after those in the worker's VRAM, in order."""
+
+    instance: str
+    lookup_id: int
+    hashes: list[int]
+
+
+class KVRelease(_Msg, tag="kvrelease"):
+    """Slots of a `KVFound` the worker has copied out of."""
+
+    instance: str
+    slots: list[int]
+
+
+class KVAttach(_Msg, tag="kvattach"):
+    instance: str  # random per kvcache process start
+    segment: str  # path of the shared-memory file to map
+    slots: int
+    block_bytes: int
+    granted: list[int]
+
+
+class KVGrant(_Msg, tag="kvgrant"):
+    instance: str
+    slots: list[int]
+
+
+class KVFound(_Msg, tag="kvfound"):
+    """The leading run of the looked-up hashes that the RAM or disk tier holds, each in a RAM
+    slot pinned for this worker (disk hits read, checksum-verified and copied into RAM first);
+    empty when the first hash is unknown."""
+
+    instance: str
+    lookup_id: int
+    blocks: list[KVBlock]
+
+
+class KVStale(_Msg, tag="kvstale"):
+    instance: str  # the kvcache's current one
+
+
+WorkerToKV = KVHello | KVPut | KVLookup | KVRelease
+KVToWorker = KVAttach | KVGrant | KVFound | KVStale
+
 GatewayToWorker = Generate | Abort
 WorkerToGateway = WorkerReady | Heartbeat | Rejected
 WorkerTokens = StepTokens
 
-ALL_MESSAGES = (Generate, Abort, WorkerReady, Heartbeat, Rejected, StepTokens)
+ALL_MESSAGES = (
+    Generate, Abort, WorkerReady, Heartbeat, Rejected, StepTokens,
+    KVHello, KVPut, KVLookup, KVRelease, KVAttach, KVGrant, KVFound, KVStale,
+)  # fmt: skip
 
 
 def encoder() -> msgspec.msgpack.Encoder:

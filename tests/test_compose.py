@@ -65,6 +65,16 @@ def test_services_volume_and_scalable_decode() -> None:
     assert any(str(p).endswith(":8000") for p in services["gateway"]["ports"])
 
 
+def test_workers_share_the_kvcache_segment_and_reach_its_endpoint() -> None:
+    services = _load(COMPOSE)["services"]
+    kv = services["kvcache"]
+    assert kv["ipc"] == "shareable" and any(str(v).startswith("kvcache:") for v in kv["volumes"])
+    port = _flag(kv["command"], "--endpoint").rsplit(":", 1)[1]
+    for name in ("prefill", "decode"):
+        assert services[name]["ipc"] == "service:kvcache", name
+        assert _flag(services[name]["command"], "--kvcache") == f"tcp://kvcache:{port}", name
+
+
 def test_workers_reach_the_gateway_by_service_name() -> None:
     services = _load(COMPOSE)["services"]
     gateway = services["gateway"]["command"]

@@ -166,6 +166,26 @@ def test_worker_options_are_passed_on() -> None:
     assert parse_worker_args(["--model", "/m", "--dense-copies", "off"], "d").dense_copies == "off"
 
 
+def test_the_kvcache_service_and_its_tiers() -> None:
+    endpoints = Endpoints("tcp://127.0.0.1:5001", "tcp://127.0.0.1:5002", "tcp://127.0.0.1:5003")
+    config = ServeConfig(Path("/m.gguf"), kv_ram_gb=2.5, kv_disk_dir="/d")
+    plan = launch.plan_processes(config, ["cpu"], endpoints, python="py")
+    kv = plan.services["kvcache"]
+    assert kv[:3] == ["py", "-m", "services.kvcache"]
+    assert _flag(kv, "--endpoint") == "tcp://127.0.0.1:5003"
+    assert (_flag(kv, "--ram-gb"), _flag(kv, "--disk-dir")) == ("2.5", "/d")
+    assert "--disk-gb" not in kv  # its default
+    assert _flag(plan.workers["worker cpu"], "--kvcache") == "tcp://127.0.0.1:5003"
+    from shared.worker.config import parse_worker_args
+
+    assert parse_worker_args(["--model", "/m", "--kvcache", "tcp://h:1"], "d").kvcache == "tcp://h:1"
+    # both tiers off: no service, and the workers use their pools alone
+    off = launch.plan_processes(
+        dataclasses.replace(config, kv_ram_gb=0, kv_disk_gb=0), ["cpu"], endpoints
+    )
+    assert not off.services and "--kvcache" not in off.workers["worker cpu"]
+
+
 def test_wildcard_hosts_print_a_reachable_url() -> None:
     endpoints = launch.local_endpoints()
     plan = launch.plan_processes(ServeConfig(Path("/m.gguf"), host="0.0.0.0"), ["cpu"], endpoints)
@@ -227,14 +247,14 @@ def test_bad_devices_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_skiff_serve_answers_a_chat_completion_and_stops_on_sigint() -> None:
+def test_skiff_serve_answers_a_chat_completion_and_stops_on_sigint(tmp_path: Path) -> None:
     model = os.environ.get("SKIFF_SMOLLM2")
     if not model or not Path(model).exists():
         pytest.skip("SmolLM2 is missing: run `make models` (or set SKIFF_SMOLLM2)")
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "shared.cli", "serve", model, "--port", str(port)]
-        + ["--devices", "cpu", "--stop-timeout", "10"],
+        + ["--devices", "cpu", "--stop-timeout", "10", "--kv-disk-dir", str(tmp_path)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -260,7 +280,7 @@ def test_skiff_serve_answers_a_chat_completion_and_stops_on_sigint() -> None:
             if m := re.search(r"Skiff is serving (\S+) at (http://\S+)", seen[-1]):
                 name, url = m.group(1), m.group(2)
         assert name == "SmolLM2-135M-Instruct.Q4_1"
-        assert len(pids()) == 2  # the gateway and one CPU worker
+        assert len(pids()) == 3  # the gateway, the kvcache and one CPU worker
 
         body = {
             "model": name,

@@ -23,6 +23,16 @@ SAMPLES = [
         "w1", [P.TokenOut("r1", 42), P.TokenOut("r2", 7, -0.25, [7, 8], [-0.25, -2.0], "length")]
     ),
     P.StepTokens("w1", []),
+    P.StepTokens("w1", [P.TokenOut("r1", 42, cached_tokens=512)]),
+    P.KVHello("w1", "ab" * 16, 737280, 64),
+    P.KVPut("i1", [P.KVBlock(2**64 - 1, 3, list(range(16)))]),
+    P.KVLookup("i1", 7, [1, 2**63, 2**64 - 1]),
+    P.KVRelease("i1", [3, 4]),
+    P.KVAttach("i1", "/dev/shm/skiff-kv-i1-ab", 1024, 737280, [0, 1, 2]),
+    P.KVGrant("i1", [5]),
+    P.KVFound("i1", 7, [P.KVBlock(1, 3, [1] * 16)]),
+    P.KVFound("i1", 8, []),
+    P.KVStale("i2"),
 ]
 
 
@@ -31,6 +41,10 @@ def direction(msg: object) -> object:
         return P.GatewayToWorker
     if isinstance(msg, P.StepTokens):
         return P.WorkerTokens
+    if isinstance(msg, P.KVHello | P.KVPut | P.KVLookup | P.KVRelease):
+        return P.WorkerToKV
+    if isinstance(msg, P.KVAttach | P.KVGrant | P.KVFound | P.KVStale):
+        return P.KVToWorker
     return P.WorkerToGateway
 
 

@@ -67,6 +67,7 @@ class Generation:
         self.stream: RequestStream | None = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0  # prompt tokens the worker's KV cache supplied
         self._detok = IncrementalDetokenizer(tokenizer, skip_special=True)
         self._stops = StopMatcher(stops)
         self._want_logprobs = want_logprobs
@@ -118,6 +119,7 @@ class Generation:
                 f"the worker ended the request ({finish}) before it was complete",
             )
         self._observe_timing()
+        self.cached_tokens = self.cached_tokens or tok.cached_tokens
         self.completion_tokens += 1
         self.metrics.generation_tokens.inc()
         # A "stop" token is the stop id itself: counted, never shown.

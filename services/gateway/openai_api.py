@@ -162,7 +162,10 @@ async def _whole(gen: Generation, fmt: CompletionFormat | ChatFormat, echo: str)
         texts.append(delta.text)
         entries.extend(delta.logprobs)
         finish = delta.finish_reason or finish
-    body = fmt.response("".join(texts), entries, finish, gen.prompt_tokens, gen.completion_tokens)
+    body = fmt.response(
+        "".join(texts), entries, finish, gen.prompt_tokens, gen.completion_tokens,
+        gen.cached_tokens,
+    )  # fmt: skip
     return web.json_response(body)
 
 
@@ -183,7 +186,8 @@ async def _stream(
             await sse.send(fmt.chunk(echo + delta.text, delta.logprobs, delta.finish_reason))
             echo = ""
         if include_usage:
-            await sse.send(fmt.usage_chunk(gen.prompt_tokens, gen.completion_tokens))
+            tokens = (gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens)
+            await sse.send(fmt.usage_chunk(*tokens))
         await sse.done()
     except ApiError as exc:
         if not sse.started:

@@ -11,12 +11,17 @@ from typing import Any
 from services.gateway.generation import TokenLogprob
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; `cached`: prompt tokens served from the KV cache (any tier),
+    shown as prompt_tokens_details.cached_tokens when there are any."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, list]:
@@ -68,9 +73,11 @@ class _Format:
             out["usage"] = None
         return out
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(
+        self, prompt_tokens: int, completion_tokens: int, cached: int = 0
+    ) -> dict[str, Any]:
         chunk = self._envelope(self.chunk_object, [])
-        chunk["usage"] = usage(prompt_tokens, completion_tokens)
+        chunk["usage"] = usage(prompt_tokens, completion_tokens, cached)
         return chunk
 
 
@@ -94,10 +101,16 @@ class CompletionFormat(_Format):
         return self._envelope("text_completion", [choice])
 
     def response(
-        self, text: str, entries: list[TokenLogprob], finish: str, prompt: int, completion: int
+        self,
+        text: str,
+        entries: list[TokenLogprob],
+        finish: str,
+        prompt: int,
+        completion: int,
+        cached: int = 0,
     ) -> dict[str, Any]:
         body = self.chunk(text, entries, finish)
-        body["usage"] = usage(prompt, completion)
+        body["usage"] = usage(prompt, completion, cached)
         return body
 
 
@@ -128,7 +141,13 @@ class ChatFormat(_Format):
         return self._envelope(self.chunk_object, [choice])
 
     def response(
-        self, text: str, entries: list[TokenLogprob], finish: str, prompt: int, completion: int
+        self,
+        text: str,
+        entries: list[TokenLogprob],
+        finish: str,
+        prompt: int,
+        completion: int,
+        cached: int = 0,
     ) -> dict[str, Any]:
         choice = {
             "index": 0,
@@ -142,5 +161,5 @@ class ChatFormat(_Format):
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": usage(prompt, completion),
+            "usage": usage(prompt, completion, cached),
         }

@@ -110,6 +110,10 @@ class LLMEngine:
     def add(self, seq: Sequence) -> None:
         self.scheduler.add(seq)
 
+    def check(self, seq: Sequence) -> None:
+        """ValueError if seq could never run on this engine (what `add` would raise)."""
+        self.scheduler.check(seq)
+
     def abort(self, seq_id: int) -> bool:
         seq = self.scheduler.remove(seq_id)
         if seq is None:
@@ -214,7 +218,8 @@ class LLMEngine:
                 k = seq.params.logprobs
                 top = list(zip(top_ids[i][:k], top_lps[i][:k], strict=True))
             logprob = logprobs[i] if logprobs is not None else 0.0  # read only if asked
-            events.append(TokenEvent(seq.seq_id, token, logprob, top, reason))
+            cached = seq.num_cached_tokens if len(seq.output_ids) == 1 else 0
+            events.append(TokenEvent(seq.seq_id, token, logprob, top, reason, cached))
             if reason is not None:
                 self.scheduler.running.remove(seq)
                 self._finish(seq, reason)

@@ -48,6 +48,11 @@ class Scheduler:
         self.running: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
+        self.check(seq)
+        self.waiting.append(seq)
+
+    def check(self, seq: Sequence) -> None:
+        """ValueError if seq can never run here (empty, too long for the context or pool)."""
         total = len(seq.prompt_ids) + seq.max_tokens
         if not seq.prompt_ids:
             raise ValueError("the prompt is empty")
@@ -58,7 +63,6 @@ class Scheduler:
             )
         if self._blocks_for(total) > self.blocks.num_blocks:
             raise ValueError(f"{total} tokens need more KV blocks than this worker has")
-        self.waiting.append(seq)
 
     def remove(self, seq_id: int) -> Sequence | None:
         for queue in (self.waiting, self.running):

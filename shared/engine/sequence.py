@@ -78,3 +78,4 @@ class TokenEvent:
     logprob: float
     top: list[tuple[int, float]] | None
     finish_reason: str | None  # "stop", "length" or None while running
+    cached_tokens: int = 0  # on the first token: prompt tokens the prefix cache supplied

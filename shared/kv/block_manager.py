@@ -10,6 +10,12 @@ Contract:
   and disk tiers, call the block.
 - `match_prefix(token_ids, max_blocks)` returns the longest run of cached full blocks for a
   prompt, taking a reference on each; every hit is checked against the block's token ids.
+- `on_commit(block, hash, tokens)`, when set, hears of every block newly named, and
+  `on_evict(block, hash, tokens)` of every named block about to lose its name to an allocation
+  (the kvcache tiers copy it out, if they have not); `commit(..., notify=False)` names a block
+  restored from a tier silently.
+- `hashes(token_ids, n)` and `cached_run(hashes)`: a prompt's block hashes, and how many of them
+  lead in the index (no references taken).
 - `check_integrity()` verifies refcounts, the free list and the hash index against each other.
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -48,6 +55,8 @@ class BlockManager:
         self.tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._index: dict[int, int] = {}  # hash -> block
+        self.on_commit: Callable[[int, int, tuple[int, ...]], None] | None = None
+        self.on_evict: Callable[[int, int, tuple[int, ...]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -63,6 +72,8 @@ class BlockManager:
         out = []
         for _ in range(n):
             block, _ = self._free.popitem(last=False)
+            if self.on_evict is not None and self.hash[block] is not None:
+                self.on_evict(block, self.hash[block], self.tokens[block])
             self._forget(block)
             self.ref[block] = 1
             out.append(block)
@@ -77,7 +88,7 @@ class BlockManager:
             if self.ref[block] == 0:
                 self._free[block] = None
 
-    def commit(self, block: int, parent: int, tokens: list[int]) -> int:
+    def commit(self, block: int, parent: int, tokens: list[int], notify: bool = True) -> int:
         h = chain_hash(parent, tokens, self.extra_key)
         if not self.prefix_caching:
             return h
@@ -87,7 +98,26 @@ class BlockManager:
         self.tokens[block] = tuple(tokens)
         # an identical block already indexed stays the canonical one
         self._index.setdefault(h, block)
+        if notify and self.on_commit is not None:
+            self.on_commit(block, h, self.tokens[block])
         return h
+
+    def hashes(self, token_ids: list[int], n_blocks: int) -> list[int]:
+        """The chained hashes of the first n_blocks full blocks of token_ids."""
+        out, parent, bs = [], ROOT_HASH, self.block_size
+        for i in range(min(n_blocks, len(token_ids) // bs)):
+            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs], self.extra_key)
+            out.append(parent)
+        return out
+
+    def cached_run(self, hashes: list[int]) -> int:
+        """How many of hashes, from the first, name indexed blocks (no reference taken)."""
+        if not self.prefix_caching:
+            return 0
+        n = 0
+        while n < len(hashes) and hashes[n] in self._index:
+            n += 1
+        return n
 
     def match_prefix(self, token_ids: list[int], max_blocks: int) -> tuple[list[int], list[int]]:
         """Cached blocks for the leading full blocks of `token_ids` (at most `max_blocks`) and

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -41,6 +41,10 @@ class ServeConfig:
     cuda_graphs: str | None = None  # None: the workers' default (all)
     cpu_weights: str | None = None  # None: the workers' default (int4)
     threads: int | None = None  # None: the workers' default (the cores they may run on)
+    # the kvcache service's tiers (None: its defaults; 0 turns a tier off; both 0: no service)
+    kv_ram_gb: float | None = None
+    kv_disk_gb: float | None = None
+    kv_disk_dir: str | None = None
     stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
 
     @property
@@ -68,6 +72,9 @@ class ServeConfig:
             cuda_graphs=args.cuda_graphs,
             cpu_weights=args.cpu_weights,
             threads=args.threads,
+            kv_ram_gb=args.kv_ram_gb,
+            kv_disk_gb=args.kv_disk_gb,
+            kv_disk_dir=args.kv_disk_dir,
             stop_timeout_s=args.stop_timeout,
         )
 
@@ -142,6 +149,25 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "decode, or off",
     )
     p.add_argument(
+        "--kv-ram-gb",
+        type=float,
+        default=None,
+        help="the kvcache service's RAM tier of KV blocks (default: a quarter of the free RAM, "
+        "at most 16; 0: off)",
+    )
+    p.add_argument(
+        "--kv-disk-gb",
+        type=float,
+        default=None,
+        help="its disk tier, LMDB under --kv-disk-dir (default 8; 0: off; both tiers 0: no "
+        "kvcache service)",
+    )
+    p.add_argument(
+        "--kv-disk-dir",
+        default=None,
+        help="the disk tier's directory (default: the cache directory's kv/; it outlives restarts)",
+    )
+    p.add_argument(
         "--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL"
     )
 
@@ -193,30 +219,33 @@ class Endpoints:
 
     worker: str  # ROUTER: requests down, ready/heartbeats up
     tokens: str  # PULL: token batches up
+    kvcache: str = ""  # the kvcache service's ROUTER, which it binds and workers connect to
 
 
 def local_endpoints(host: str = "127.0.0.1") -> Endpoints:
     # Both sockets are held open together so that the OS cannot hand out one port twice.
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(2)]
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
     try:
         for s in socks:
             s.bind((host, 0))
-        a, b = (s.getsockname()[1] for s in socks)
+        a, b, c = (s.getsockname()[1] for s in socks)
     finally:
         for s in socks:
             s.close()
-    return Endpoints(worker=f"tcp://{host}:{a}", tokens=f"tcp://{host}:{b}")
+    return Endpoints(f"tcp://{host}:{a}", f"tcp://{host}:{b}", f"tcp://{host}:{c}")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The processes to start: argv of the gateway and of each named worker."""
+    """The processes to start: argv of the gateway, of the services beside it (the kvcache;
+    restarted when they exit) and of each named worker."""
 
     gateway: list[str]
     workers: dict[str, list[str]]
     health_url: str
     api_url: str
     model_name: str
+    services: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _url_host(host: str) -> str:
@@ -256,6 +285,14 @@ def plan_processes(
     }
     extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
     extra.append("--overlap" if config.overlap else "--no-overlap")
+    services = {}
+    if endpoints.kvcache and (config.kv_ram_gb != 0 or config.kv_disk_gb != 0):
+        kvcache = [python, "-m", "services.kvcache", "--endpoint", endpoints.kvcache]
+        tiers = {"--ram-gb": config.kv_ram_gb, "--disk-gb": config.kv_disk_gb,
+                 "--disk-dir": config.kv_disk_dir}  # fmt: skip
+        kvcache += [s for flag, v in tiers.items() if v is not None for s in (flag, str(v))]
+        services["kvcache"] = kvcache
+        extra += ["--kvcache", endpoints.kvcache]
     workers = {
         f"worker {d}": [
             python,
@@ -274,4 +311,4 @@ def plan_processes(
         for d in devices
     }
     base = f"http://{_url_host(config.host)}:{config.port}"
-    return Plan(gateway, workers, f"{base}/health", f"{base}/v1", config.model_name)
+    return Plan(gateway, workers, f"{base}/health", f"{base}/v1", config.model_name, services)

@@ -137,26 +137,50 @@ def supervise(
         gateway = Child("gateway", plan.gateway, console, env)
         children.append(gateway)
         console.say(f"started gateway (pid {gateway.proc.pid})")
+        services = [Child(name, argv, console, env) for name, argv in plan.services.items()]
+        for c in services:
+            children.append(c)
+            console.say(f"started {c.name} (pid {c.proc.pid})")
         workers: list[Child] = []
         for name, argv in plan.workers.items():
             workers.append(Child(name, argv, console, env))
             children.append(workers[-1])
             console.say(f"started {name} (pid {workers[-1].proc.pid})")
-        return _watch(plan, gateway, workers, stop, console)
+        return _watch(plan, gateway, workers, stop, console, services, children, env)
     finally:
         _stop_all(children, console, stop_timeout_s, hurry or threading.Event())
 
 
+SERVICE_RESTART_S = 2.0  # a side service that exits is started again, at most this often
+
+
 def _watch(
-    plan: Plan, gateway: Child, workers: list[Child], stop: threading.Event, console: Console
+    plan: Plan,
+    gateway: Child,
+    workers: list[Child],
+    stop: threading.Event,
+    console: Console,
+    services: list[Child] = (),
+    children: list[Child] | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
     state = _State()
     next_poll = 0.0
+    services = list(services)
+    started = {c.name: time.monotonic() for c in services}
     while not stop.wait(0.2):
         rc = gateway.proc.poll()
         if rc is not None:
             console.say(f"the gateway exited with code {rc}; stopping the workers")
             return rc if rc > 0 else 1
+        for i, c in enumerate(services):  # the workers serve on without it meanwhile
+            src = c.proc.poll()
+            if src is not None and time.monotonic() - started[c.name] >= SERVICE_RESTART_S:
+                started[c.name] = time.monotonic()
+                console.say(f"{c.name} exited with code {src}; starting it again")
+                services[i] = Child(c.name, plan.services[c.name], console, env or _child_env())
+                if children is not None:
+                    children.append(services[i])
         for w in workers:
             wrc = w.proc.poll()
             if wrc is None or w.name in state.exited:

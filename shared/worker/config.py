@@ -30,6 +30,7 @@ class WorkerConfig:
     cuda_graphs: str = "all"  # steps replayed from CUDA graphs: all, decode or off
     cpu_weights: str = "int4"  # CPU: quantized linears as int4 planes, or float copies ("float")
     threads: int = 0  # CPU threads of torch's ops (0: the cores this process may run on)
+    kvcache: str = ""  # the kvcache service's ROUTER (RAM and disk tiers); "": VRAM alone
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -130,6 +131,12 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         help="CPU threads for torch's ops (0, the default: the cores this process may run on; "
         "env SKIFF_THREADS)",
     )
+    p.add_argument(
+        "--kvcache",
+        default=env("SKIFF_KVCACHE", ""),
+        help="the kvcache service's endpoint (RAM and disk tiers of KV blocks; env "
+        "SKIFF_KVCACHE; default none: the KV pool alone)",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -152,5 +159,6 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         cuda_graphs=a.cuda_graphs,
         cpu_weights=a.cpu_weights,
         threads=a.threads,
+        kvcache=a.kvcache,
         worker_id=a.worker_id,
     )

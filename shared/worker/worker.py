@@ -22,6 +22,8 @@ import zmq
 
 from shared.engine import Sequence, TokenEvent
 from shared.engine.factory import EngineConfig, LoadedEngine, build_engine
+from shared.kv.block_io import tier_key
+from shared.kv.tier_client import TierClient
 from shared.protocol import (
     Abort,
     Generate,
@@ -35,9 +37,12 @@ from shared.protocol import (
 from shared.sampling import SamplingParams, make_generator
 from shared.worker.config import WorkerConfig, cpu_threads
 from shared.worker.control import ControlChannel
+from shared.worker.kv_tiers import KVTiers
 from shared.worker.stalls import StallLog
 
 IDLE_WAIT_S = 0.05
+ATTACH_WAIT_S = 3.0  # at start, for the kvcache's first answer
+TIER_WAIT_S = 0.001  # while a prompt waits for the kvcache's answer
 
 
 def log(worker_id: str, msg: str) -> None:
@@ -60,8 +65,10 @@ class WorkerLoop:
         control: ControlChannel,
         tokens: zmq.Socket,
         device: str,
+        tiers: KVTiers | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.tiers = tiers  # the kvcache service's RAM and disk tiers, if any
         self.engine = loaded.engine
         self.control = control
         self.tokens = tokens
@@ -85,9 +92,16 @@ class WorkerLoop:
 
     def run(self) -> None:
         while not self.stopped.is_set():
-            self._drain(0.0 if self.engine.has_work() else IDLE_WAIT_S)
+            busy = self.engine.has_work()
+            self._drain(0.0 if busy else TIER_WAIT_S if self._restoring() else IDLE_WAIT_S)
+            if self.tiers is not None:
+                for seq in self.tiers.poll():
+                    self.engine.add(seq)
             if self.engine.has_work():
                 self._step()
+
+    def _restoring(self) -> bool:
+        return self.tiers is not None and self.tiers.waiting
 
     def _drain(self, wait: float) -> None:
         try:
@@ -123,7 +137,9 @@ class WorkerLoop:
                 frozenset(req.stop_ids),
                 make_generator(s.seed, self.device),
             )
-            self.engine.add(seq)
+            self.engine.check(seq)
+            if self.tiers is None or not self.tiers.admit(seq):
+                self.engine.add(seq)
         except ValueError as exc:
             self.control.send(Rejected(req.request_id, 400, str(exc)))
             return
@@ -134,7 +150,8 @@ class WorkerLoop:
         seq_id = self._seq_of.pop(request_id, None)
         if seq_id is not None:
             self._request_of.pop(seq_id, None)
-            self.engine.abort(seq_id)
+            if self.tiers is None or not self.tiers.abort(seq_id):
+                self.engine.abort(seq_id)
 
     def _step(self) -> None:
         start = time.perf_counter()
@@ -162,7 +179,9 @@ class WorkerLoop:
         if ev.top is not None:
             top_ids = [t for t, _ in ev.top]
             top_lps = [lp for _, lp in ev.top]
-        return TokenOut(rid, ev.token_id, ev.logprob, top_ids, top_lps, ev.finish_reason)
+        return TokenOut(
+            rid, ev.token_id, ev.logprob, top_ids, top_lps, ev.finish_reason, ev.cached_tokens
+        )
 
     def _fail_all(self, message: str) -> None:
         for seq_id, rid in list(self._request_of.items()):
@@ -170,6 +189,25 @@ class WorkerLoop:
             self.control.send(Rejected(rid, 500, message))
         self._request_of.clear()
         self._seq_of.clear()
+
+
+def _tiers(ctx: zmq.Context, cfg: WorkerConfig, wid: str, loaded: LoadedEngine) -> KVTiers | None:
+    """The kvcache service's tiers for this worker's pool, when an endpoint is given and the
+    pool's blocks can leave it (prefix caching on; no FP8 per-head scales)."""
+    if not cfg.kvcache:
+        return None
+    engine = loaded.engine
+    kv = engine.runner.kv
+    key = tier_key(kv, engine.blocks.extra_key)
+    if key is None or not engine.blocks.prefix_caching:
+        log(wid, "KV tiers off: this pool's blocks cannot leave it (FP8 per-head scales)")
+        return None
+    client = TierClient(ctx, cfg.kvcache, wid, kv, key, lambda msg: log(wid, msg))
+    if client.wait_attached(ATTACH_WAIT_S):
+        log(wid, f"KV tiers: kvcache at {cfg.kvcache}, {client.slots.shape[0]} RAM slots")
+    else:
+        log(wid, f"KV tiers: no answer from {cfg.kvcache} yet; serving from the pool until one")
+    return KVTiers(engine, client)
 
 
 def run_worker(cfg: WorkerConfig) -> int:
@@ -214,7 +252,8 @@ def run_worker(cfg: WorkerConfig) -> int:
     tokens.connect(cfg.gateway_tokens)
     holder: list[WorkerLoop] = []
     control = ControlChannel(ctx, cfg.gateway, ready, lambda: holder[0].heartbeat())
-    loop = WorkerLoop(wid, loaded, control, tokens, cfg.device)
+    tiers = _tiers(ctx, cfg, wid, loaded)
+    loop = WorkerLoop(wid, loaded, control, tokens, cfg.device, tiers)
     holder.append(loop)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: loop.stopped.set())
@@ -228,6 +267,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         loop.run()
     finally:
         loop.stalls.close()
+        if tiers is not None:
+            tiers.client.close()
         control.stop()
         tokens.close(linger=0)
         ctx.term()

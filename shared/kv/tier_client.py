@@ -1,0 +1,233 @@
+"""A worker's side of the kvcache service (RAM and disk tiers of KV blocks).
+
+The worker's loop thread owns it and calls it between steps; it never blocks:
+- `store(block, hash, tokens)` (the block manager's `on_commit`): a newly named block is copied
+  into a RAM slot granted ahead (none left, or a hash already stored: nothing happens); the
+  `KVPut` leaves once the copy has finished (on a GPU, an event after the step that wrote it).
+- `lookup(hashes)` asks for a prompt's blocks beyond the KV pool's; the `KVFound` comes back
+  through `poll()`, and `read(slot, block)` copies a found slot into a pool block; `release`
+  hands the slots back once those copies are done.
+- a kvcache that is gone costs nothing but its misses: messages to it are dropped, lookups are
+  the caller's to time out, and a new kvcache process (a new `instance`) is attached to again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import zmq
+
+from shared.kv.block_io import block_bytes, load_block, save_block
+from shared.kv.kv_pool import KVPool
+from shared.protocol import (
+    KVAttach,
+    KVBlock,
+    KVFound,
+    KVGrant,
+    KVHello,
+    KVLookup,
+    KVPut,
+    KVRelease,
+    KVStale,
+    KVToWorker,
+    decoder,
+    encoder,
+)
+
+WANT_SLOTS = 64  # RAM slots held ahead for writing
+KNOWN_HASHES = 1 << 16  # hashes recently stored or restored: not copied out again
+REATTACH_S = 2.0  # a detached client says hello again this often
+
+
+class TierClient:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        worker_id: str,
+        kv: KVPool,
+        model_key: str,
+        log: Callable[[str], None] = lambda msg: None,
+    ) -> None:
+        self.log = log
+        self.kv = kv
+        self.worker_id = worker_id
+        self.model_key = model_key
+        self.block_bytes = block_bytes(kv)
+        self.cuda = kv.k[0].is_cuda
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 1000)
+        self.sock.connect(endpoint)
+        self._enc, self._dec = encoder(), decoder(KVToWorker)
+        self.instance: str | None = None
+        self.slots: torch.Tensor | None = None  # the mapped segment: [slots, block_bytes] uint8
+        self._segment: np.memmap | None = None
+        self.granted: deque[int] = deque()
+        self.known: OrderedDict[int, None] = OrderedDict()
+        self._puts: list[tuple[torch.cuda.Event | None, KVBlock]] = []
+        self._releases: list[tuple[torch.cuda.Event | None, list[int]]] = []
+        self._ids = itertools.count(1)
+        self._hello_at = 0.0
+        self._hailed: str | None = None  # the instance a KVStale named, once said hello to
+        self.stats = {"stored": 0, "restored": 0, "skipped_no_slot": 0, "dropped_sends": 0}
+        self._hello()
+
+    @property
+    def attached(self) -> bool:
+        return self.instance is not None
+
+    def wait_attached(self, timeout_s: float) -> bool:
+        """At start: waits up to timeout_s for the kvcache's answer (so that the first prompts
+        can use the tiers); False if none came (the client attaches later, when one does)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.attached and time.monotonic() < deadline:
+            if self.sock.poll(50):
+                self.poll()
+        return self.attached
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+    # -- messages -----------------------------------------------------------------------------
+
+    def _send(self, msg: object) -> None:
+        try:
+            self.sock.send(self._enc.encode(msg), zmq.NOBLOCK)
+        except zmq.Again:  # the kvcache is gone or far behind: what it misses is only a miss
+            self.stats["dropped_sends"] += 1
+
+    def _hello(self) -> None:
+        self._hello_at = time.monotonic()
+        self._send(KVHello(self.worker_id, self.model_key, self.block_bytes, WANT_SLOTS))
+
+    def poll(self) -> list[KVFound]:
+        """Handles what arrived; returns the lookups' answers. Sends the finished puts and
+        releases, and says hello again when detached."""
+        found: list[KVFound] = []
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                msg = self._dec.decode(frame)
+            except Exception:  # noqa: BLE001 - a bad frame is dropped, never fatal
+                continue
+            if isinstance(msg, KVAttach):
+                self._attach(msg)
+            elif isinstance(msg, KVStale):
+                # a message of ours named an earlier kvcache process; this names the current
+                # one: attach to it, unless that is done already (answers to older messages)
+                if msg.instance not in (self.instance, self._hailed):
+                    self.log(f"kvcache {self.instance} is gone; attaching to {msg.instance}")
+                    self._detach()
+                    self._hello()
+                    self._hailed = msg.instance
+            elif msg.instance != self.instance:
+                continue  # an answer of an earlier kvcache process
+            elif isinstance(msg, KVGrant):
+                self.granted.extend(msg.slots)
+            elif isinstance(msg, KVFound):
+                found.append(msg)
+        if not self.attached and time.monotonic() - self._hello_at > REATTACH_S:
+            self._hello()
+        self._flush()
+        return found
+
+    def _attach(self, msg: KVAttach) -> None:
+        self._detach()
+        if msg.block_bytes != self.block_bytes:
+            return  # not this pool's blocks: stay detached
+        seg = np.memmap(msg.segment, dtype=np.uint8, mode="r+", shape=(msg.slots, msg.block_bytes))
+        self._segment = seg
+        self.slots = torch.from_numpy(seg)
+        if self.cuda:  # page-locked: the copies are DMA, asynchronous to the host
+            torch.cuda.cudart().cudaHostRegister(self.slots.data_ptr(), self.slots.numel(), 0)
+        self.instance = msg.instance
+        self.granted = deque(msg.granted)
+        self.log(f"kvcache {msg.instance}: {msg.slots} RAM slots, {len(msg.granted)} granted")
+
+    def _detach(self) -> None:
+        if self.slots is not None and self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaHostUnregister(self.slots.data_ptr())
+        self.instance, self.slots, self._segment = None, None, None
+        self.granted.clear()
+        self.known.clear()
+        self._puts.clear()
+        self._releases.clear()
+
+    def _event(self) -> torch.cuda.Event | None:
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def _flush(self) -> None:
+        if not self.attached:
+            return
+        # the copies queued before an event that has completed are done; those after wait
+        puts, self._puts = _split(self._puts)
+        if puts:
+            self._send(KVPut(self.instance, puts))
+        releases, self._releases = _split(self._releases)
+        if releases:
+            self._send(KVRelease(self.instance, [s for slots in releases for s in slots]))
+
+    # -- blocks -------------------------------------------------------------------------------
+
+    def _remember(self, h: int) -> None:
+        self.known[h] = None
+        self.known.move_to_end(h)
+        if len(self.known) > KNOWN_HASHES:
+            self.known.popitem(last=False)
+
+    def store(self, block: int, h: int, tokens: tuple[int, ...]) -> None:
+        if not self.attached or h in self.known:
+            return
+        if not self.granted:
+            self.stats["skipped_no_slot"] += 1
+            return
+        slot = self.granted.popleft()
+        save_block(self.kv, block, self.slots[slot])
+        self._puts.append((self._event(), KVBlock(h, slot, list(tokens))))
+        self._remember(h)
+        self.stats["stored"] += 1
+
+    def lookup(self, hashes: list[int]) -> int | None:
+        """Asks for these blocks (a prompt's, in order); the id its KVFound will carry, or None
+        when detached."""
+        if not self.attached or not hashes:
+            return None
+        lookup_id = next(self._ids)
+        self._send(KVLookup(self.instance, lookup_id, hashes))
+        return lookup_id
+
+    def read(self, slot: int, block: int, h: int) -> None:
+        """A found slot's bytes into pool block `block`."""
+        load_block(self.kv, block, self.slots[slot])
+        self._remember(h)
+        self.stats["restored"] += 1
+
+    def release(self, found: KVFound) -> None:
+        if found.instance == self.instance and found.blocks:
+            self._releases.append((self._event(), [b.slot for b in found.blocks]))
+            self._flush()
+
+
+def _split(items: list[tuple[torch.cuda.Event | None, object]]) -> tuple[list, list]:
+    """(the payloads whose copies are done, the (event, payload) pairs still in flight)."""
+    done, waiting = [], []
+    for ev, payload in items:
+        if ev is None or ev.query():
+            done.append(payload)
+        else:
+            waiting.append((ev, payload))
+    return done, waiting

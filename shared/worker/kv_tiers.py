@@ -1,0 +1,114 @@
+"""Between a worker's engine and the kvcache service: prompts whose blocks a tier holds wait
+here (never the loop) for their lookup, then enter the engine with those blocks restored into
+the KV pool, named as the prefix cache names them, so that only the rest is computed.
+
+A lookup unanswered within RESTORE_TIMEOUT_S (a kvcache busy or gone) lets its prompt in
+without it. A found block is used only when its hash is the prompt's block hash at that place
+and its token ids are the prompt's; the run stops at the first that is not.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from shared.engine import Sequence
+from shared.engine.engine import LLMEngine
+from shared.kv import OutOfBlocks
+from shared.kv.block_manager import ROOT_HASH
+from shared.kv.tier_client import TierClient
+from shared.protocol import KVFound
+
+RESTORE_TIMEOUT_S = 1.0
+
+
+@dataclass
+class _Parked:
+    seq: Sequence
+    hashes: list[int]  # the prompt's full blocks' hashes (those the pool holds first)
+    in_pool: int  # how many lead in the pool
+    deadline: float
+
+
+class KVTiers:
+    def __init__(self, engine: LLMEngine, client: TierClient) -> None:
+        self.engine = engine
+        self.client = client
+        self._parked: dict[int, _Parked] = {}  # lookup id ->
+        self.stats = {"lookups": 0, "timeouts": 0, "blocks_restored": 0, "mismatches": 0}
+        # every named block is copied out once: when named (so that a restart finds it), or
+        # when about to be reused if that found no slot or no kvcache
+        engine.blocks.on_commit = engine.blocks.on_evict = client.store
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._parked)
+
+    def admit(self, seq: Sequence) -> bool:
+        """True when seq waits for a lookup (it enters the engine from `poll`)."""
+        blocks = self.engine.blocks
+        ids = seq.prompt_ids
+        # the last prompt token is always computed (the scheduler's rule), so its block is not
+        hashes = blocks.hashes(ids, (len(ids) - 1) // blocks.block_size)
+        in_pool = blocks.cached_run(hashes)
+        lookup_id = self.client.lookup(hashes[in_pool:])
+        if lookup_id is None:
+            return False
+        self.stats["lookups"] += 1
+        deadline = time.monotonic() + RESTORE_TIMEOUT_S
+        self._parked[lookup_id] = _Parked(seq, hashes, in_pool, deadline)
+        return True
+
+    def abort(self, seq_id: int) -> bool:
+        for lookup_id, p in list(self._parked.items()):
+            if p.seq.seq_id == seq_id:
+                del self._parked[lookup_id]
+                return True
+        return False
+
+    def poll(self) -> list[Sequence]:
+        """The parked prompts ready for the engine: answered (restored) or timed out."""
+        ready = []
+        for found in self.client.poll():
+            parked = self._parked.pop(found.lookup_id, None)
+            if parked is not None:
+                self._restore(parked, found)
+                ready.append(parked.seq)
+            self.client.release(found)
+        now = time.monotonic()
+        for lookup_id, p in list(self._parked.items()):
+            if now > p.deadline:
+                del self._parked[lookup_id]
+                self.stats["timeouts"] += 1
+                ready.append(p.seq)
+        return ready
+
+    def _restore(self, p: _Parked, found: KVFound) -> None:
+        blocks, bs, ids = self.engine.blocks, self.engine.blocks.block_size, p.seq.prompt_ids
+        # a reference on the pool's leading blocks while the restored ones are allocated, so
+        # that the allocation cannot evict them
+        held, _ = blocks.match_prefix(ids, p.in_pool)
+        if len(held) != p.in_pool:  # the pool changed meanwhile: compute the prompt
+            blocks.free(held)
+            return
+        restored: list[int] = []
+        try:
+            for i, b in enumerate(found.blocks):
+                at = p.in_pool + i
+                tokens = ids[at * bs : (at + 1) * bs]
+                if at >= len(p.hashes) or b.hash != p.hashes[at] or b.tokens != tokens:
+                    self.stats["mismatches"] += 1
+                    break
+                try:
+                    (block,) = blocks.allocate(1)
+                except OutOfBlocks:
+                    break
+                restored.append(block)
+                self.client.read(b.slot, block, b.hash)
+                parent = p.hashes[at - 1] if at else ROOT_HASH
+                blocks.commit(block, parent, tokens, notify=False)
+        finally:
+            # back to the free list's far end as cached blocks: the scheduler's prefix match
+            # takes them when this prompt is scheduled
+            blocks.free(held + restored)
+        self.stats["blocks_restored"] += len(restored)

@@ -1,0 +1,441 @@
+"""The kvcache service: RamTier slot states, DiskTier (restart, corruption, cap, unusable dir),
+the socket-free handler, and one real `python -m services.kvcache` process restarted from its
+disk dir. CPU only, a few seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import lmdb
+import msgspec
+import numpy as np
+import pytest
+import zmq
+
+from services.kvcache.disk_tier import DiskTier, block_key
+from services.kvcache.metrics import KVStats, summary
+from services.kvcache.ram_tier import RamTier, Segment, remove_orphan_segments
+from services.kvcache.service import KVCacheService
+from shared.protocol import (
+    KVAttach,
+    KVBlock,
+    KVFound,
+    KVGrant,
+    KVHello,
+    KVLookup,
+    KVPut,
+    KVRelease,
+    KVStale,
+    KVToWorker,
+    decoder,
+    encoder,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "ab" * 16
+OTHER_KEY = "cd" * 16
+BB = 4096
+A, B = b"worker-a", b"worker-b"
+
+
+def _segment(tmp_path: Path, slots: int = 4) -> Segment:
+    ram = RamTier(str(tmp_path), "test", slots * BB)
+    return ram.segment(KEY, BB)
+
+
+def _fill(seg: Segment, owner: bytes, hashes: list[int]) -> list[int]:
+    slots = seg.grant(owner, len(hashes))
+    for h, s in zip(hashes, slots, strict=True):
+        seg.view(s)[:] = h % 251
+        assert seg.put(owner, h, s, [h]) == "indexed"
+    return slots
+
+
+# -- RamTier ---------------------------------------------------------------------------------------
+def test_segment_file_and_budget(tmp_path: Path) -> None:
+    ram = RamTier(str(tmp_path), "inst", 6 * BB)
+    seg = ram.segment(KEY, BB)
+    assert seg.slots == 6 and os.path.getsize(seg.path) == 6 * BB
+    assert Path(seg.path).name == f"skiff-kv-inst-{KEY[:16]}"
+    assert ram.segment(KEY, BB) is seg
+    assert ram.segment(OTHER_KEY, BB).slots == 0  # the budget went to the first model key
+    ram.close()
+    assert not Path(seg.path).exists()
+
+
+def test_grant_takes_free_then_evicts_lru(tmp_path: Path) -> None:
+    seg = _segment(tmp_path)
+    slots = _fill(seg, A, [10, 11, 12, 13])
+    assert seg.free == 0 and seg.held == 4
+    assert seg.find(10) is not None  # 10 is now the most recently used: 11 is the LRU one
+    got = seg.grant(B, 2)
+    assert sorted(got) == sorted([slots[1], slots[2]])
+    assert seg.find(11) is None and seg.find(12) is None
+    assert seg.find(10) is not None and seg.find(13) is not None
+    seg.check_integrity()
+
+
+def test_pin_prevents_eviction_and_release_unpins(tmp_path: Path) -> None:
+    seg = _segment(tmp_path, slots=2)
+    s10, s11 = _fill(seg, A, [10, 11])
+    seg.pin(B, s10)
+    assert seg.grant(A, 2) == [s11]  # 10 is pinned: only 11 could be evicted
+    assert seg.find(10) == (s10, [10])
+    assert seg.grant(A, 1) == []
+    assert not seg.unpin(A, s10)  # A holds no pin there
+    assert seg.unpin(B, s10) and seg.pins(s10) == 0
+    assert seg.grant(A, 1) == [s10]
+    seg.check_integrity()
+
+
+def test_put_of_a_held_hash_frees_the_slot(tmp_path: Path) -> None:
+    seg = _segment(tmp_path)
+    (s0,) = _fill(seg, A, [7])
+    (s1,) = seg.grant(B, 1)
+    assert seg.put(B, 7, s1, [7]) == "dedupe"
+    assert seg.held == 1 and seg.find(7) == (s0, [7]) and seg.free == 3
+    assert seg.put(B, 8, s1, [8]) == "rejected"  # no longer granted to B
+    assert seg.put(A, 9, seg.grant(B, 1)[0], [9]) == "rejected"  # granted to B, not A
+    seg.check_integrity()
+
+
+def test_reclaim_frees_grants_and_pins_of_a_gone_worker(tmp_path: Path) -> None:
+    seg = _segment(tmp_path)
+    (s0,) = _fill(seg, A, [5])
+    seg.grant(B, 3)
+    seg.pin(B, s0)
+    assert seg.free == 0 and seg.grant(A, 1) == []
+    assert seg.reclaim(B) == 4
+    assert seg.free == 3 and seg.pins(s0) == 0 and seg.granted_to(B) == []
+    assert len(seg.grant(A, 4)) == 4  # 3 free, then the unpinned held one
+    seg.check_integrity()
+
+
+def test_orphan_segments_removed_live_ones_kept(tmp_path: Path) -> None:
+    live = RamTier(str(tmp_path), "live", 2 * BB).segment(KEY, BB)
+    orphan = tmp_path / f"skiff-kv-dead-{KEY[:16]}"
+    orphan.write_bytes(b"\0" * BB)
+    assert remove_orphan_segments(str(tmp_path)) == [str(orphan)]
+    assert Path(live.path).exists() and not orphan.exists()
+    live.close()
+
+
+# -- DiskTier --------------------------------------------------------------------------------------
+def _payload(seed: int, n: int = BB) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def _disk(path: Path, cap: int = 1 << 20) -> DiskTier:
+    disk = DiskTier(str(path), cap, warn=pytest.fail)
+    assert disk.enabled
+    return disk
+
+
+def test_disk_put_get_and_restart(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    data = _payload(1)
+    assert disk.put(KEY, 42, [1, 2, 3], data)
+    assert disk.flush()
+    assert disk.get(KEY, 42, BB) == ([1, 2, 3], data)
+    assert disk.get(KEY, 43, BB) is None
+    assert disk.get(OTHER_KEY, 42, BB) is None  # another model key: a miss
+    assert disk.blocks == 1 and disk.writes == 1 and disk.corrupt == 0
+    disk.close()
+    again = _disk(tmp_path)  # the restart: the scan finds the block
+    assert again.blocks == 1 and again.bytes > BB
+    assert again.get(KEY, 42, BB) == ([1, 2, 3], data)
+    again.close()
+
+
+def test_disk_flipped_byte_is_corrupt_and_dropped(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    disk.put(KEY, 42, [1], _payload(2))
+    assert disk.flush()
+    disk.close()
+    env = lmdb.open(str(tmp_path / "blocks.lmdb"))
+    key = block_key(KEY, 42)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(key))
+        value[-100] ^= 0x01
+        txn.put(key, bytes(value))
+    env.close()
+    disk = _disk(tmp_path)
+    assert disk.blocks == 1
+    assert disk.get(KEY, 42, BB) is None
+    assert disk.corrupt == 1 and disk.blocks == 0
+    assert disk.get(KEY, 42, BB) is None and disk.corrupt == 1  # gone, not corrupt twice
+    disk.close()
+    env = lmdb.open(str(tmp_path / "blocks.lmdb"))
+    with env.begin() as txn:
+        assert txn.get(key) is None
+    env.close()
+
+
+def test_disk_wrong_block_bytes_is_corrupt(tmp_path: Path) -> None:
+    disk = _disk(tmp_path)
+    disk.put(KEY, 1, [1], _payload(3))
+    assert disk.flush()
+    assert disk.get(KEY, 1, BB * 2) is None and disk.corrupt == 1
+    disk.close()
+
+
+def test_disk_over_cap_evicts_lru(tmp_path: Path) -> None:
+    disk = _disk(tmp_path, cap=int(3.5 * BB))  # room for 3 blocks and their headers
+    for h in range(3):
+        disk.put(KEY, h, [h], _payload(h))
+        assert disk.flush()
+    assert disk.get(KEY, 0, BB) is not None  # 0 is now the most recent: 1 goes first
+    disk.put(KEY, 3, [3], _payload(3))
+    assert disk.flush()
+    assert disk.blocks == 3 and disk.bytes <= disk.cap_bytes
+    assert disk.get(KEY, 1, BB) is None
+    assert all(disk.get(KEY, h, BB) is not None for h in (0, 2, 3))
+    disk.close()
+    assert _disk(tmp_path, cap=int(1.5 * BB)).blocks == 1  # a smaller cap trims at start
+
+
+def test_disk_full_queue_drops_and_counts(tmp_path: Path) -> None:
+    disk = DiskTier(str(tmp_path), 1 << 20, max_pending_bytes=BB)
+    assert disk.put(KEY, 1, [1], _payload(1))
+    results = [disk.put(KEY, h, [h], _payload(h)) for h in range(2, 50)]
+    assert disk.flush()
+    assert disk.writes_dropped == results.count(False) > 0
+    assert disk.writes + disk.writes_dropped == 49
+    disk.close()
+
+
+def test_disk_unusable_dir_turns_the_tier_off(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    warnings: list[str] = []
+    disk = DiskTier(str(blocker / "kv"), 1 << 20, warn=warnings.append)
+    assert not disk.enabled and len(warnings) == 1 and "disk tier off" in warnings[0]
+    assert not disk.put(KEY, 1, [1], b"x") and disk.get(KEY, 1, 1) is None
+    disk.close()
+
+
+def test_disk_dir_in_use_by_another_kvcache(tmp_path: Path) -> None:
+    first = _disk(tmp_path)
+    warnings: list[str] = []
+    second = DiskTier(str(tmp_path), 1 << 20, warn=warnings.append)
+    assert not second.enabled and warnings
+    first.close()
+
+
+# -- the handler, without sockets ------------------------------------------------------------------
+def _service(tmp_path: Path, slots: int = 8) -> KVCacheService:
+    ram = RamTier(str(tmp_path), "inst", slots * BB)
+    return KVCacheService("inst", ram, _disk(tmp_path / "disk"), KVStats())
+
+
+def _call(svc: KVCacheService, who: bytes, msg: object) -> KVToWorker | None:
+    out = svc.handle([who, msgspec.msgpack.encode(msg)])
+    return out[1] if out else None
+
+
+def test_handler_put_lookup_release_and_stale(tmp_path: Path) -> None:
+    svc = _service(tmp_path)
+    att = _call(svc, A, KVHello("a", KEY, BB, 10))
+    assert isinstance(att, KVAttach) and att.slots == 8 and len(att.granted) == 4  # half
+    seg = svc.ram.segments[KEY]
+    put = KVPut("inst", [KVBlock(100, att.granted[0], [1]), KVBlock(101, att.granted[1], [2])])
+    grant = _call(svc, A, put)
+    assert isinstance(grant, KVGrant) and len(grant.slots) == 2
+    found = _call(svc, A, KVLookup("inst", 9, [100, 101, 102, 100]))
+    assert isinstance(found, KVFound) and found.lookup_id == 9
+    assert [(b.hash, b.tokens) for b in found.blocks] == [(100, [1]), (101, [2])]
+    assert seg.pins(att.granted[0]) == 1
+    assert _call(svc, A, KVRelease("inst", [att.granted[0], att.granted[1]])) is None
+    assert seg.pins(att.granted[0]) == 0
+    assert _call(svc, A, KVLookup("old", 1, [100])) == KVStale("inst")
+    assert _call(svc, B, KVLookup("inst", 1, [100])) == KVStale("inst")  # never attached
+    assert svc.handle([A, b"\xc1garbage"]) == [] and svc.handle([A]) == []
+    assert svc.stats.malformed == 2 and svc.stats.stale == 2
+    assert svc.stats.ram_hits == 2 and svc.stats.ram_misses == 1 and svc.stats.disk_misses == 1
+    seg.check_integrity()
+    svc.ram.close()
+    svc.disk.close()
+
+
+def test_handler_restores_a_block_evicted_from_ram(tmp_path: Path) -> None:
+    svc = _service(tmp_path, slots=4)
+    seg_slots = _call(svc, A, KVHello("a", KEY, BB, 4))
+    assert isinstance(seg_slots, KVAttach) and len(seg_slots.granted) == 2
+    seg = svc.ram.segments[KEY]
+    slots, hashes = list(seg_slots.granted), [1, 2, 3, 4]
+    for h in hashes:  # each put's grant replaces the slot: once all 4 are held, it evicts
+        slot = slots.pop(0)
+        seg.view(slot)[:] = np.frombuffer(_payload(h), dtype=np.uint8)
+        grant = _call(svc, A, KVPut("inst", [KVBlock(h, slot, [h])]))
+        assert isinstance(grant, KVGrant) and len(grant.slots) == 1
+        slots += grant.slots
+    assert svc.disk.flush() and svc.disk.blocks == 4
+    assert seg.find(1) is None and seg.find(2) is None  # evicted for the last two grants
+    found = _call(svc, A, KVLookup("inst", 7, [1, 2, 3]))
+    assert isinstance(found, KVFound) and [b.hash for b in found.blocks] == [1, 2]
+    for b in found.blocks:  # restoring 1 and 2 evicted 3 and 4: 3 then found no slot
+        assert bytes(seg.view(b.slot)) == _payload(b.hash) and seg.pins(b.slot) == 1
+    st = svc.stats
+    assert (st.ram_hits, st.ram_misses, st.disk_hits, st.bytes_restored) == (0, 3, 2, 2 * BB)
+    assert "hits RAM 0 disk 2" in summary(st, svc.ram, svc.disk)
+    seg.check_integrity()
+    svc.ram.close()
+    svc.disk.close()
+
+
+def test_handler_ram_tier_off_grants_nothing(tmp_path: Path) -> None:
+    svc = KVCacheService("inst", RamTier(str(tmp_path), "inst", 0), _disk(tmp_path), KVStats())
+    att = _call(svc, A, KVHello("a", KEY, BB, 4))
+    assert att == KVAttach("inst", "", 0, BB, [])
+    assert _call(svc, A, KVLookup("inst", 1, [5])) == KVFound("inst", 1, [])  # not KVStale
+    assert _call(svc, A, KVPut("inst", [KVBlock(5, 0, [5])])) == KVGrant("inst", [])
+    assert list(tmp_path.glob("skiff-kv-*")) == []
+    svc.disk.close()
+
+
+def test_handler_new_hello_reclaims_old_grants(tmp_path: Path) -> None:
+    svc = _service(tmp_path)
+    first = _call(svc, A, KVHello("w", KEY, BB, 4))
+    assert isinstance(first, KVAttach)
+    again = _call(svc, b"new-identity", KVHello("w", KEY, BB, 4))  # same worker_id, reconnected
+    assert isinstance(again, KVAttach) and len(again.granted) == 4
+    seg = svc.ram.segments[KEY]
+    assert seg.granted_to(A) == [] and seg.free == 4
+    svc.ram.close()
+    svc.disk.close()
+
+
+# -- the process -----------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Worker:
+    """A DEALER that sends one message and waits (bounded) for the reply."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.enc, self.dec = encoder(), decoder(KVToWorker)
+
+    def ask(self, msg: object, timeout_ms: int = 5000) -> KVToWorker:
+        self.sock.send(self.enc.encode(msg))
+        assert self.sock.poll(timeout_ms), f"no reply to {msg!r}"
+        return self.dec.decode(self.sock.recv())
+
+
+def _start(
+    endpoint: str, tmp_path: Path, n: int, metrics_port: int = 0
+) -> tuple[subprocess.Popen, Path]:
+    cmd = [sys.executable, "-m", "services.kvcache", "--endpoint", endpoint, "--ram-gb", "0.01"]
+    cmd += ["--disk-dir", str(tmp_path / "disk"), "--disk-gb", "0.05"]
+    cmd += ["--shm-dir", str(tmp_path / "shm"), "--metrics-port", str(metrics_port)]
+    log = tmp_path / f"kvcache-{n}.log"
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, cwd=ROOT, stderr=f), log
+
+
+def _ready_line(proc: subprocess.Popen, log: Path) -> str:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if "ready at" in text:
+            return text
+        assert proc.poll() is None, f"kvcache exited: {text}"
+        time.sleep(0.02)
+    raise AssertionError(f"kvcache not ready in 15 s: {log.read_text()}")
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def _wait_metric(port: int, name: str, value: float) -> None:
+    deadline = time.monotonic() + 10
+    while _metric(port, name) != value:
+        assert time.monotonic() < deadline, f"{name} != {value}: {_metric(port, name)}"
+        time.sleep(0.02)
+
+
+def test_process_round_trip_and_restart_from_disk(tmp_path: Path) -> None:
+    (tmp_path / "shm").mkdir()
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    ctx = zmq.Context()
+    procs: list[subprocess.Popen] = []
+    try:
+        metrics_port = _free_port()
+        proc, log = _start(endpoint, tmp_path, 0, metrics_port)
+        procs.append(proc)
+        assert "disk tier 0.05 GiB" in _ready_line(proc, log)
+        w = _Worker(ctx, endpoint)
+        att = w.ask(KVHello("w0", KEY, BB, 4))
+        assert isinstance(att, KVAttach) and att.block_bytes == BB and len(att.granted) == 4
+        assert att.slots == int(0.01 * (1 << 30)) // BB
+        seg = np.memmap(att.segment, dtype=np.uint8, mode="r+", shape=(att.slots, BB))
+        written = {}
+        for i, slot in enumerate(att.granted):
+            seg[slot] = np.frombuffer(_payload(100 + i), dtype=np.uint8)
+            written[1000 + i] = seg[slot].copy()
+        hashes = list(written)
+        blocks = [KVBlock(h, s, [h, h + 1]) for h, s in zip(hashes, att.granted, strict=True)]
+        grant = w.ask(KVPut(att.instance, blocks))
+        assert isinstance(grant, KVGrant) and len(grant.slots) == 4
+        found = w.ask(KVLookup(att.instance, 1, hashes))
+        assert isinstance(found, KVFound) and [b.hash for b in found.blocks] == hashes
+        for b in found.blocks:
+            assert b.tokens == [b.hash, b.hash + 1]
+            np.testing.assert_array_equal(seg[b.slot], written[b.hash])
+        w.sock.send(w.enc.encode(KVRelease(att.instance, [b.slot for b in found.blocks])))
+        empty = w.ask(KVLookup(att.instance, 2, [999, *hashes]))
+        assert isinstance(empty, KVFound) and empty.blocks == [] and empty.lookup_id == 2
+        assert w.ask(KVLookup("not-this-one", 3, hashes)) == KVStale(att.instance)
+        del seg
+        # the write-through is asynchronous: the kill comes once the writer has committed
+        _wait_metric(metrics_port, "skiff_kvcache_disk_writes_total", 4)
+        assert _metric(metrics_port, 'skiff_kvcache_hits_total{tier="ram"}') == 4
+        assert _metric(metrics_port, 'skiff_kvcache_blocks{tier="ram"}') == 4
+        assert _metric(metrics_port, "skiff_kvcache_stale_total") == 1
+
+        procs[-1].send_signal(signal.SIGKILL)
+        procs[-1].wait(10)
+        old_segment = att.segment
+        proc, log = _start(endpoint, tmp_path, 1)
+        procs.append(proc)
+        assert "(4 blocks found)" in _ready_line(proc, log)
+        assert not os.path.exists(old_segment)  # the killed process's segment was removed
+        stale = w.ask(KVLookup(att.instance, 4, hashes))
+        assert isinstance(stale, KVStale) and stale.instance != att.instance
+        att2 = w.ask(KVHello("w0", KEY, BB, 4))
+        assert isinstance(att2, KVAttach) and att2.instance == stale.instance
+        assert att2.segment != old_segment
+        seg = np.memmap(att2.segment, dtype=np.uint8, mode="r", shape=(att2.slots, BB))
+        found = w.ask(KVLookup(att2.instance, 5, hashes))
+        assert isinstance(found, KVFound) and [b.hash for b in found.blocks] == hashes
+        for b in found.blocks:  # restored from disk into fresh slots, bit-identical
+            assert b.tokens == [b.hash, b.hash + 1] and b.slot not in att2.granted
+            np.testing.assert_array_equal(seg[b.slot], written[b.hash])
+        del seg
+
+        procs[-1].send_signal(signal.SIGTERM)  # a clean exit removes its segment
+        assert procs[-1].wait(10) == 0
+        assert not os.path.exists(att2.segment)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        ctx.destroy(0)

@@ -178,12 +178,20 @@ def test_the_kvcache_service_and_its_tiers() -> None:
     assert _flag(plan.workers["worker cpu"], "--kvcache") == "tcp://127.0.0.1:5003"
     from shared.worker.config import parse_worker_args
 
-    assert parse_worker_args(["--model", "/m", "--kvcache", "tcp://h:1"], "d").kvcache == "tcp://h:1"
+    assert (
+        parse_worker_args(["--model", "/m", "--kvcache", "tcp://h:1"], "d").kvcache == "tcp://h:1"
+    )
     # both tiers off: no service, and the workers use their pools alone
     off = launch.plan_processes(
         dataclasses.replace(config, kv_ram_gb=0, kv_disk_gb=0), ["cpu"], endpoints
     )
     assert not off.services and "--kvcache" not in off.workers["worker cpu"]
+    # GPU workers do not use them yet (their copies are not measured); without a CPU worker
+    # no kvcache starts
+    mixed = launch.plan_processes(config, ["cpu", "cuda:0"], endpoints)
+    assert "--kvcache" in mixed.workers["worker cpu"]
+    assert "--kvcache" not in mixed.workers["worker cuda:0"]
+    assert not launch.plan_processes(config, ["cuda:0"], endpoints).services
 
 
 def test_wildcard_hosts_print_a_reachable_url() -> None:

@@ -55,8 +55,8 @@ def parse_kvcache_args(argv: list[str] | None, description: str | None = None) -
         "--ram-gb",
         type=float,
         default=None,
-        help=f"shared-memory RAM tier size (default: {RAM_SHARE * 100:.0f}%% of MemAvailable, at most "
-        f"{RAM_CAP_GB:g}); 0 turns it off",
+        help=f"shared-memory RAM tier size (default: {RAM_SHARE * 100:.0f}%% of MemAvailable, "
+        f"at most {RAM_CAP_GB:g}); 0 turns it off",
     )
     p.add_argument("--disk-dir", default=None, help="disk tier dir (default $SKIFF_CACHE_DIR/kv)")
     p.add_argument("--disk-gb", type=float, default=8.0, help="disk tier cap; 0 turns it off")

@@ -130,12 +130,7 @@ class DiskTier:
             self._lru[key] = size
             self._total += size
         self.corrupt += len(bad)
-        victims = bad + self._victims(0, set())
-        if victims:
-            with self._env.begin(write=True) as txn:
-                for key in victims:
-                    txn.delete(key)
-            self._forget(victims)
+        self._delete(bad + self._victims(0, set()))
 
     # -- writing ---------------------------------------------------------------------------------
     def put(self, model_key: str, h: int, tokens: list[int], payload: bytes) -> bool:
@@ -223,14 +218,17 @@ class DiskTier:
         return out
 
     def _evict_fraction(self, fraction: float) -> None:
-        assert self._env is not None
         with self._lock:
-            n = max(1, int(len(self._lru) * fraction))
-            victims = list(self._lru)[:n]
-        with self._env.begin(write=True) as txn:
-            for key in victims:
-                txn.delete(key)
-        self._forget(victims)
+            victims = list(self._lru)[: max(1, int(len(self._lru) * fraction))]
+        self._delete(victims)
+
+    def _delete(self, keys: list[bytes]) -> None:
+        assert self._env is not None
+        if keys:
+            with self._env.begin(write=True) as txn:
+                for key in keys:
+                    txn.delete(key)
+            self._forget(keys)
 
     def _forget(self, keys: list[bytes]) -> None:
         with self._lock:
@@ -278,14 +276,12 @@ class DiskTier:
         return header.tokens, payload
 
     def _drop_corrupt(self, key: bytes) -> None:
-        assert self._env is not None
         self.corrupt += 1
         try:
-            with self._env.begin(write=True) as txn:
-                txn.delete(key)
+            self._delete([key])
         except lmdb.Error as e:
             self._warn(f"cannot delete a corrupt disk block ({e})")
-        self._forget([key])
+            self._forget([key])
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the queued writes (up to timeout), then close the env."""

@@ -201,8 +201,8 @@ def serve(config: KVCacheConfig) -> int:
             serve_metrics(config.metrics_port, stats, ram, disk)
         disk_gb = disk.cap_bytes / GiB if disk.enabled else 0.0
         _log(
-            f"ready at {config.endpoint}, RAM tier {config.ram_bytes / GiB:g} GiB, disk tier "
-            f"{disk_gb:g} GiB at {config.disk_dir} ({disk.blocks} blocks found)"
+            f"ready at {config.endpoint}, RAM tier {config.ram_bytes / GiB:.3g} GiB, disk tier "
+            f"{disk_gb:.3g} GiB at {config.disk_dir} ({disk.blocks} blocks found)"
         )
         _loop(sock, service, config.summary_interval_s, stopping)
         return 0
@@ -219,7 +219,7 @@ def _loop(sock: zmq.Socket, service: KVCacheService, every_s: float, stopping: l
     encode = encoder().encode
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
-    last_log, last_seen = time.monotonic(), None
+    last_log, last_seen = time.monotonic(), snapshot(service.stats, service.ram, service.disk)
     ram, disk, stats = service.ram, service.disk, service.stats
     while not stopping:
         if poller.poll(500):

@@ -286,13 +286,16 @@ def plan_processes(
     extra = [s for flag, v in optional.items() if v is not None for s in (flag, str(v))]
     extra.append("--overlap" if config.overlap else "--no-overlap")
     services = {}
-    if endpoints.kvcache and (config.kv_ram_gb != 0 or config.kv_disk_gb != 0):
+    # The tiers for CPU workers only, until the GPU path (a block's copies queued layer by
+    # layer beside the steps) is measured not to slow W2/W3; by hand, `--kvcache` works there
+    kv_devices = [d for d in devices if d == "cpu"]
+    tiers_on = config.kv_ram_gb != 0 or config.kv_disk_gb != 0
+    if endpoints.kvcache and tiers_on and kv_devices:
         kvcache = [python, "-m", "services.kvcache", "--endpoint", endpoints.kvcache]
         tiers = {"--ram-gb": config.kv_ram_gb, "--disk-gb": config.kv_disk_gb,
                  "--disk-dir": config.kv_disk_dir}  # fmt: skip
         kvcache += [s for flag, v in tiers.items() if v is not None for s in (flag, str(v))]
         services["kvcache"] = kvcache
-        extra += ["--kvcache", endpoints.kvcache]
     workers = {
         f"worker {d}": [
             python,
@@ -307,6 +310,7 @@ def plan_processes(
             "--gateway-tokens",
             endpoints.tokens,
             *extra,
+            *(["--kvcache", endpoints.kvcache] if services and d in kv_devices else []),
         ]  # fmt: skip
         for d in devices
     }

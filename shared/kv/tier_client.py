@@ -144,11 +144,17 @@ class TierClient:
         self._detach()
         if msg.block_bytes != self.block_bytes:
             return  # not this pool's blocks: stay detached
-        seg = np.memmap(msg.segment, dtype=np.uint8, mode="r+", shape=(msg.slots, msg.block_bytes))
-        self._segment = seg
-        self.slots = torch.from_numpy(seg)
-        if self.cuda:  # page-locked: the copies are DMA, asynchronous to the host
-            torch.cuda.cudart().cudaHostRegister(self.slots.data_ptr(), self.slots.numel(), 0)
+        if msg.slots and msg.segment:  # none: the RAM tier is off (lookups find nothing)
+            try:
+                shape = (msg.slots, msg.block_bytes)
+                seg = np.memmap(msg.segment, dtype=np.uint8, mode="r+", shape=shape)
+            except (OSError, ValueError) as exc:  # e.g. another host, or no shared /dev/shm
+                self.log(f"kvcache {msg.instance}: cannot map {msg.segment} ({exc}); no tiers")
+                return
+            self._segment = seg
+            self.slots = torch.from_numpy(seg)
+            if self.cuda:  # page-locked: the copies are DMA, asynchronous to the host
+                torch.cuda.cudart().cudaHostRegister(self.slots.data_ptr(), self.slots.numel(), 0)
         self.instance = msg.instance
         self.granted = deque(msg.granted)
         self.log(f"kvcache {msg.instance}: {msg.slots} RAM slots, {len(msg.granted)} granted")

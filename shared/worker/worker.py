@@ -204,7 +204,7 @@ def _tiers(ctx: zmq.Context, cfg: WorkerConfig, wid: str, loaded: LoadedEngine) 
         return None
     client = TierClient(ctx, cfg.kvcache, wid, kv, key, lambda msg: log(wid, msg))
     if client.wait_attached(ATTACH_WAIT_S):
-        log(wid, f"KV tiers: kvcache at {cfg.kvcache}, {client.slots.shape[0]} RAM slots")
+        log(wid, f"KV tiers: kvcache at {cfg.kvcache}")
     else:
         log(wid, f"KV tiers: no answer from {cfg.kvcache} yet; serving from the pool until one")
     return KVTiers(engine, client)

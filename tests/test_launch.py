@@ -262,7 +262,16 @@ def test_skiff_serve_answers_a_chat_completion_and_stops_on_sigint(tmp_path: Pat
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "shared.cli", "serve", model, "--port", str(port)]
-        + ["--devices", "cpu", "--stop-timeout", "10", "--kv-disk-dir", str(tmp_path)],
+        + [
+            "--devices",
+            "cpu",
+            "--stop-timeout",
+            "10",
+            "--kv-disk-dir",
+            str(tmp_path),
+            "--kv-ram-gb",
+            "0.25",
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GiB = 1 << 30
-RAM_SHARE = 0.25  # of MemAvailable, by default
-RAM_CAP_GB = 16.0
+RAM_SHARE = 0.10  # of MemAvailable, by default (the segment is reserved at start)
+RAM_CAP_GB = 8.0  # llama-server's --cache-ram default
 
 
 @dataclass(frozen=True)

@@ -152,8 +152,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-ram-gb",
         type=float,
         default=None,
-        help="the kvcache service's RAM tier of KV blocks (default: a quarter of the free RAM, "
-        "at most 16; 0: off)",
+        help="the kvcache service's RAM tier of KV blocks, reserved at start (default: a tenth "
+        "of the free RAM, at most 8; 0: off)",
     )
     p.add_argument(
         "--kv-disk-gb",

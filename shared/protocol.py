@@ -77,6 +77,10 @@ class Heartbeat(_Msg, tag="hb"):
     kv_blocks_free: int
     running: int
     waiting: int
+    # the KV tiers as this worker saw them, counts since it started: blocks stored (copied
+    # out), restored, lookups, lookups timed out, found blocks not matching the prompt, blocks
+    # not stored for want of a granted slot
+    kv_tiers: dict[str, int] = {}
 
 
 class Rejected(_Msg, tag="rej"):

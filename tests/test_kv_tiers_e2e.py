@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,16 @@ def test_restored_from_ram_then_from_disk_and_corrupt_values_recomputed(
         # every full block but the one holding the last prompt token came from a tier or the
         # pool; the pool kept at most its few leading blocks
         assert cached >= (n - 1) // BLOCK * BLOCK - BLOCK, (cached, n)
+        # the worker's heartbeats carry its tier counts to the gateway's /metrics
+        time.sleep(0.6)
+        with urllib.request.urlopen(f"{c.url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        restored = [
+            line
+            for line in text.splitlines()
+            if line.startswith("skiff_kv_tier_events") and 'event="restored"' in line
+        ]
+        assert restored and float(restored[0].split()[-1]) >= cached // BLOCK - 8, restored
     finally:
         c.stop()
         kv.stop()

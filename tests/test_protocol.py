@@ -18,6 +18,7 @@ SAMPLES = [
         "w1", "cuda:0", "NVIDIA H200", ["prefill", "decode"], "m.gguf", 1000, 16, 8192, 1234
     ),
     P.Heartbeat("w1", 10, 990, 3, 1),
+    P.Heartbeat("w1", 10, 990, 3, 1, {"stored": 5, "restored": 2}),
     P.Rejected("r3", 400, "too long"),
     P.StepTokens(
         "w1", [P.TokenOut("r1", 42), P.TokenOut("r2", 7, -0.25, [7, 8], [-0.25, -2.0], "length")]

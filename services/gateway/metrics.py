@@ -56,6 +56,13 @@ class GatewayMetrics:
         self.kv_free = Gauge(
             "skiff_kv_blocks_free", "free KV blocks per worker", ["worker"], registry=r
         )
+        self.kv_tiers = Gauge(
+            "skiff_kv_tier_events",
+            "KV tier events per worker since it started (stored, restored, lookups, timeouts, "
+            "mismatches, no_slot), from heartbeats",
+            ["worker", "event"],
+            registry=r,
+        )
         self.workers_ready = Gauge(
             "skiff_workers_ready", "workers ready to take requests", registry=r
         )
@@ -64,6 +71,7 @@ class GatewayMetrics:
         """The exposition text, with worker gauges as of now."""
         self.kv_used.clear()
         self.kv_free.clear()
+        self.kv_tiers.clear()
         waiting = 0
         for w in workers.all_workers():
             hb = w.heartbeat
@@ -72,6 +80,8 @@ class GatewayMetrics:
             waiting += hb.waiting
             self.kv_used.labels(worker=w.worker_id).set(hb.kv_blocks_used)
             self.kv_free.labels(worker=w.worker_id).set(hb.kv_blocks_free)
+            for event, n in hb.kv_tiers.items():
+                self.kv_tiers.labels(worker=w.worker_id, event=event).set(n)
         self.queue_depth.set(waiting)
         self.workers_ready.set(len(workers.ready_workers()))
         return generate_latest(self.registry)

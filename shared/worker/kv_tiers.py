@@ -40,6 +40,15 @@ class KVTiers:
         # when about to be reused if that found no slot or no kvcache
         engine.blocks.on_commit = engine.blocks.on_evict = client.store
 
+    def counts(self) -> dict[str, int]:
+        """What the heartbeats report (Heartbeat.kv_tiers)."""
+        c = self.client.stats
+        return {
+            "stored": c["stored"], "restored": self.stats["blocks_restored"],
+            "lookups": self.stats["lookups"], "timeouts": self.stats["timeouts"],
+            "mismatches": self.stats["mismatches"], "no_slot": c["skipped_no_slot"],
+        }  # fmt: skip
+
     @property
     def waiting(self) -> bool:
         return bool(self._parked)

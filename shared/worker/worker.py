@@ -88,6 +88,7 @@ class WorkerLoop:
             alloc.num_free,
             len(self.engine.running),
             len(self.engine.waiting),
+            self.tiers.counts() if self.tiers is not None else {},
         )
 
     def run(self) -> None:

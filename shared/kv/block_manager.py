@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -102,13 +102,17 @@ class BlockManager:
             self.on_commit(block, h, self.tokens[block])
         return h
 
+    def _chain(self, token_ids: list[int], n_blocks: int) -> Iterator[tuple[list[int], int]]:
+        """(tokens, chained hash) of the first n_blocks full blocks of token_ids, lazily."""
+        parent, bs = ROOT_HASH, self.block_size
+        for i in range(min(n_blocks, len(token_ids) // bs)):
+            tokens = token_ids[i * bs : (i + 1) * bs]
+            parent = chain_hash(parent, tokens, self.extra_key)
+            yield tokens, parent
+
     def hashes(self, token_ids: list[int], n_blocks: int) -> list[int]:
         """The chained hashes of the first n_blocks full blocks of token_ids."""
-        out, parent, bs = [], ROOT_HASH, self.block_size
-        for i in range(min(n_blocks, len(token_ids) // bs)):
-            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs], self.extra_key)
-            out.append(parent)
-        return out
+        return [h for _, h in self._chain(token_ids, n_blocks)]
 
     def cached_run(self, hashes: list[int]) -> int:
         """How many of hashes, from the first, name indexed blocks (no reference taken)."""
@@ -125,11 +129,7 @@ class BlockManager:
         if not self.prefix_caching:
             return [], []
         blocks, hashes = [], []
-        parent = ROOT_HASH
-        bs = self.block_size
-        for i in range(min(max_blocks, len(token_ids) // bs)):
-            tokens = token_ids[i * bs : (i + 1) * bs]
-            h = chain_hash(parent, tokens, self.extra_key)
+        for tokens, h in self._chain(token_ids, max_blocks):
             block = self._index.get(h)
             if block is None or self.tokens[block] != tuple(tokens):
                 break  # a miss, or a hash collision caught by the token check
@@ -138,7 +138,6 @@ class BlockManager:
             self.ref[block] += 1
             blocks.append(block)
             hashes.append(h)
-            parent = h
         return blocks, hashes
 
     def _forget(self, block: int) -> None:

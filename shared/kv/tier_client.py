@@ -67,7 +67,6 @@ class TierClient:
         self._enc, self._dec = encoder(), decoder(KVToWorker)
         self.instance: str | None = None
         self.slots: torch.Tensor | None = None  # the mapped segment: [slots, block_bytes] uint8
-        self._segment: np.memmap | None = None
         self.granted: deque[int] = deque()
         self.known: OrderedDict[int, None] = OrderedDict()
         self._puts: list[tuple[torch.cuda.Event | None, KVBlock]] = []
@@ -75,7 +74,7 @@ class TierClient:
         self._ids = itertools.count(1)
         self._hello_at = 0.0
         self._hailed: str | None = None  # the instance a KVStale named, once said hello to
-        self.stats = {"stored": 0, "restored": 0, "skipped_no_slot": 0, "dropped_sends": 0}
+        self.stats = {"stored": 0, "skipped_no_slot": 0, "dropped_sends": 0}
         self._hello()
 
     @property
@@ -151,8 +150,7 @@ class TierClient:
             except (OSError, ValueError) as exc:  # e.g. another host, or no shared /dev/shm
                 self.log(f"kvcache {msg.instance}: cannot map {msg.segment} ({exc}); no tiers")
                 return
-            self._segment = seg
-            self.slots = torch.from_numpy(seg)
+            self.slots = torch.from_numpy(seg)  # keeps the mapping alive
             if self.cuda:  # page-locked: the copies are DMA, asynchronous to the host
                 torch.cuda.cudart().cudaHostRegister(self.slots.data_ptr(), self.slots.numel(), 0)
         self.instance = msg.instance
@@ -163,7 +161,7 @@ class TierClient:
         if self.slots is not None and self.cuda:
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaHostUnregister(self.slots.data_ptr())
-        self.instance, self.slots, self._segment = None, None, None
+        self.instance, self.slots = None, None
         self.granted.clear()
         self.known.clear()
         self._puts.clear()
@@ -220,7 +218,6 @@ class TierClient:
         """A found slot's bytes into pool block `block`."""
         load_block(self.kv, block, self.slots[slot])
         self._remember(h)
-        self.stats["restored"] += 1
 
     def release(self, found: KVFound) -> None:
         if found.instance == self.instance and found.blocks:

@@ -160,9 +160,9 @@ def _watch(
     workers: list[Child],
     stop: threading.Event,
     console: Console,
-    services: list[Child] = (),
-    children: list[Child] | None = None,
-    env: dict[str, str] | None = None,
+    services: list[Child],
+    children: list[Child],
+    env: dict[str, str],
 ) -> int:
     state = _State()
     next_poll = 0.0
@@ -178,9 +178,8 @@ def _watch(
             if src is not None and time.monotonic() - started[c.name] >= SERVICE_RESTART_S:
                 started[c.name] = time.monotonic()
                 console.say(f"{c.name} exited with code {src}; starting it again")
-                services[i] = Child(c.name, plan.services[c.name], console, env or _child_env())
-                if children is not None:
-                    children.append(services[i])
+                services[i] = Child(c.name, plan.services[c.name], console, env)
+                children.append(services[i])
         for w in workers:
             wrc = w.proc.poll()
             if wrc is None or w.name in state.exited:

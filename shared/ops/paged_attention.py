@@ -42,8 +42,10 @@ def paged_attention_ref(
         # keys before the first query's window are no query's: their blocks are not read
         first = max(0, n_keys - n_query - sliding_window + 1) if sliding_window else 0
         b0 = first // block_size
-        k = _gather(k_cache, block_tables[b], b0, n_keys)[first - b0 * block_size :].float()
-        v = _gather(v_cache, block_tables[b], b0, n_keys)[first - b0 * block_size :].float()
+        rows = _key_rows(block_tables[b], b0, n_keys, block_size)
+        window = slice(first - b0 * block_size, n_keys - b0 * block_size)
+        k = _gather(k_cache, rows)[window].float()
+        v = _gather(v_cache, rows)[window].float()
         # operands are rounded to the cache dtype, as a tensor-core kernel over this cache does.
         # A KV head's query heads (g) and rows side by side: [kv heads, g * n_query, D] against
         # its keys [kv heads, D, keys], so the keys are not repeated per query head
@@ -64,16 +66,20 @@ def paged_attention_ref(
     return out
 
 
-def _gather(cache: torch.Tensor, table: torch.Tensor, b0: int, n_keys: int) -> torch.Tensor:
-    """One sequence's keys (or values) from block b0 of its table to key n_keys:
-    [keys, n_kv_heads, head_dim]. A view where those blocks are consecutive in the pool (a
-    sequence allocated in one go), else a copy of them."""
-    block_size = cache.shape[1]
-    b1 = -(-n_keys // block_size)
-    blocks = table[b0:b1]
-    start = int(blocks[0])
-    flat = cache.view(-1, *cache.shape[2:])
-    n = n_keys - b0 * block_size
-    if start + b1 - b0 - 1 == int(blocks[-1]) and bool((blocks.diff() == 1).all()):
-        return flat[start * block_size : start * block_size + n]
-    return cache.index_select(0, blocks.long()).view(-1, *cache.shape[2:])[:n]
+def _key_rows(table: torch.Tensor, b0: int, n_keys: int, block_size: int) -> slice | torch.Tensor:
+    """Where one sequence's keys from block b0 of its table to key n_keys lie in the pool's
+    [blocks * block_size] rows: a slice where those blocks are consecutive (a sequence
+    allocated in one go), else the blocks to gather (an index for K and V alike)."""
+    blocks = table[b0 : -(-n_keys // block_size)]
+    start, n = int(blocks[0]), n_keys - b0 * block_size
+    if start + len(blocks) - 1 == int(blocks[-1]) and bool((blocks.diff() == 1).all()):
+        return slice(start * block_size, start * block_size + n)
+    return blocks.long()
+
+
+def _gather(cache: torch.Tensor, rows: slice | torch.Tensor) -> torch.Tensor:
+    """One sequence's keys (or values), [keys, n_kv_heads, head_dim]: a view for a slice, else
+    a copy of whole blocks (the caller cuts the keys it reads)."""
+    if isinstance(rows, slice):
+        return cache.view(-1, *cache.shape[2:])[rows]
+    return cache.index_select(0, rows).view(-1, *cache.shape[2:])

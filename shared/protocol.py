@@ -4,6 +4,8 @@ Sockets (DESIGN.md, "The wire"):
 - gateway ROUTER <-> worker DEALER: `GatewayToWorker` down (requests, aborts), `WorkerToGateway`
   up (ready announcement, heartbeats, rejections).
 - worker PUSH -> gateway PULL: one `StepTokens` per engine step with every sequence's new token.
+- worker DEALER <-> spec ROUTER: `WorkerToSpec` up (each step's new tokens of the sequences
+  that speculate, and how many tokens to propose), `SpecToWorker` down (the proposals).
 - worker DEALER <-> kvcache ROUTER: `WorkerToKV` up, `KVToWorker` down. The KV bytes never ride
   these messages: on one host they sit in the kvcache's shared-memory segment of fixed-size slots
   (one block each), which both processes map; a message names slots by number.
@@ -178,8 +180,47 @@ class KVStale(_Msg, tag="kvstale"):
     instance: str  # the kvcache's current one
 
 
+# -- worker <-> spec ------------------------------------------------------------------------------
+# The spec service keeps each sequence's tokens (keyed by the worker's socket identity and the
+# sequence id) and proposes what may follow them. A proposal names the sequence length it
+# continues (`at`): one for an older length is stale and not used. A worker never waits for a
+# proposal beyond a short grace: a late one is dropped.
+
+
+class SpecSeq(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    seq_id: int
+    start: int  # position of tokens[0]: the service's copy is cut there and extended
+    tokens: list[int]  # 0 first: the whole prompt (and output so far)
+    k: int  # most tokens to propose (0: none now, the tokens are only recorded)
+    domain: str = ""  # a persistent n-gram table to draw on too ("": prompt lookup alone)
+
+
+class SpecAsk(_Msg, tag="specask"):
+    seqs: list[SpecSeq]
+
+
+class SpecEnd(_Msg, tag="specend"):
+    """Sequences that finished: the service forgets them (their outputs may teach a table)."""
+
+    seq_ids: list[int]
+
+
+class SpecDraft(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    seq_id: int
+    at: int  # the sequence length these tokens would follow
+    tokens: list[int]
+    source: str = "prompt"  # which proposer: "prompt" (lookup), "table", "draft"
+
+
+class SpecDrafts(_Msg, tag="specdrafts"):
+    drafts: list[SpecDraft]
+    unknown: list[int] = []  # sequences asked about from start > 0 it has no copy of: resend
+
+
 WorkerToKV = KVHello | KVPut | KVLookup | KVRelease
 KVToWorker = KVAttach | KVGrant | KVFound | KVStale
+WorkerToSpec = SpecAsk | SpecEnd
+SpecToWorker = SpecDrafts
 
 GatewayToWorker = Generate | Abort
 WorkerToGateway = WorkerReady | Heartbeat | Rejected
@@ -188,6 +229,7 @@ WorkerTokens = StepTokens
 ALL_MESSAGES = (
     Generate, Abort, WorkerReady, Heartbeat, Rejected, StepTokens,
     KVHello, KVPut, KVLookup, KVRelease, KVAttach, KVGrant, KVFound, KVStale,
+    SpecAsk, SpecEnd, SpecDrafts,
 )  # fmt: skip
 
 

@@ -34,6 +34,10 @@ SAMPLES = [
     P.KVFound("i1", 7, [P.KVBlock(1, 3, [1] * 16)]),
     P.KVFound("i1", 8, []),
     P.KVStale("i2"),
+    P.SpecAsk([P.SpecSeq(3, 0, [1, 2, 3], 4), P.SpecSeq(4, 17, [9], 0, "code")]),
+    P.SpecEnd([3, 4]),
+    P.SpecDrafts([P.SpecDraft(3, 3, [4, 5], "prompt")], unknown=[4]),
+    P.SpecDrafts([]),
 ]
 
 
@@ -46,6 +50,10 @@ def direction(msg: object) -> object:
         return P.WorkerToKV
     if isinstance(msg, P.KVAttach | P.KVGrant | P.KVFound | P.KVStale):
         return P.KVToWorker
+    if isinstance(msg, P.SpecAsk | P.SpecEnd):
+        return P.WorkerToSpec
+    if isinstance(msg, P.SpecDrafts):
+        return P.SpecToWorker
     return P.WorkerToGateway
 
 

@@ -13,6 +13,7 @@ them too).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -98,6 +99,8 @@ class LLMEngine:
         )
         self._resolved_at = 0.0  # when the last overlapped step's ids arrived
         self._ids_ring = PinnedRing()  # pinned buffers the sampled ids are stored into
+        # verified drafts: steps, and tokens drafted and accepted by proposer ("drafted:prompt")
+        self.spec_stats: Counter[str] = Counter()
 
     @property
     def running(self) -> list[Sequence]:
@@ -125,18 +128,56 @@ class LLMEngine:
         return bool(self.scheduler.waiting or self.scheduler.running or self._inflight)
 
     def step(self) -> list[TokenEvent]:
-        if not self.overlap:
-            start = time.perf_counter()
-            work = self.scheduler.schedule(prefill_cap=self._cap())
-            if not work:
-                return []
-            sampled, out = self.runner.run(work)
-            self.scheduler.after_step(work)
-            events = self._postprocess(sampled, out)
-            if self.chunk_budget is not None:
-                self.chunk_budget.observe(*_shape(work), time.perf_counter() - start)
-            return events
-        return self._step_overlapped()
+        speculating = self._speculating()
+        if self.overlap and not speculating:
+            return self._step_overlapped()
+        if self._inflight is not None:  # the overlapped step before this one's, first
+            prev, self._inflight = self._inflight, None
+            return self._resolve(prev)
+        start = time.perf_counter()
+        work = self.scheduler.schedule(prefill_cap=self._cap())
+        if not work:
+            return []
+        sampled, out = self.runner.run(work)
+        host = _HostOut.of(out)
+        if speculating:
+            work = self._keep_accepted(work, sampled, host)
+        self.scheduler.after_step(work)
+        events = self._postprocess(sampled, host)
+        if speculating:
+            for seq, _ in work:
+                seq.draft, seq.num_verifying = [], 0
+                if seq.status is SeqStatus.RUNNING:
+                    self.scheduler.trim(seq)
+        if self.chunk_budget is not None:
+            self.chunk_budget.observe(*_shape(work), time.perf_counter() - start)
+        return events
+
+    def _speculating(self) -> bool:
+        """Whether a running sequence asks for drafts or holds one: its steps are verified
+        one at a time (a proposal follows the tokens the step before it kept)."""
+        return any(s.draft or (s.spec is not None and s.spec.k) for s in self.scheduler.running)
+
+    def _keep_accepted(
+        self, work: list[tuple[Sequence, int]], sampled: list[Sequence], host: _HostOut
+    ) -> list[tuple[Sequence, int]]:
+        """The work as far as it holds: a verifying sequence computed its own token and its
+        accepted drafts; the K/V written for the drafts after them is left to be overwritten."""
+        row, rejected = 0, {}
+        for seq in sampled:
+            d = seq.num_verifying
+            kept = 0
+            while kept < d and host.accepted[row + kept]:
+                kept += 1
+            if seq.spec is not None and seq.output_ids:  # a decode (not a prompt's end)
+                seq.spec.observe(d, kept)
+            if d:
+                self.spec_stats[f"drafted:{seq.draft_source}"] += d
+                self.spec_stats[f"accepted:{seq.draft_source}"] += kept
+                self.spec_stats["steps"] += 1
+                rejected[seq.seq_id] = d - kept
+            row += d + 1
+        return [(s, n - rejected.get(s.seq_id, 0)) for s, n in work]
 
     def _cap(self) -> int | None:
         return self.chunk_budget.cap if self.chunk_budget is not None else None
@@ -195,32 +236,64 @@ class LLMEngine:
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 
-    def _postprocess(self, sampled: list[Sequence], out: SampleOutput | None) -> list[TokenEvent]:
-        if out is None:
+    def _postprocess(self, sampled: list[Sequence], out: SampleOutput | _HostOut | None):
+        """The step's tokens as events: a sequence's row, or its verified rows up to the first
+        that is not its draft (that row's token the model's own)."""
+        host = out if isinstance(out, _HostOut) else _HostOut.of(out)
+        if host is None:
             return []
-        token_ids = out.token_ids.tolist()  # the step's one host sync
-        logprobs = out.logprobs.tolist() if out.logprobs is not None else None
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
-        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        events = []
-        for i, seq in enumerate(sampled):
+        events: list[TokenEvent] = []
+        row = 0
+        for seq in sampled:
+            first, row = row, row + seq.num_verifying + 1
             if seq.status is not SeqStatus.RUNNING:
                 continue  # stopped or aborted while this (overlapped) step ran
-            token = token_ids[i]
-            seq.output_ids.append(token)
-            reason = None
-            if token in seq.stop_ids:
-                reason = "stop"
-            elif len(seq.output_ids) >= seq.max_tokens:
-                reason = "length"
-            top = None
-            if top_ids is not None and seq.params.logprobs is not None:
-                k = seq.params.logprobs
-                top = list(zip(top_ids[i][:k], top_lps[i][:k], strict=True))
-            logprob = logprobs[i] if logprobs is not None else 0.0  # read only if asked
-            cached = seq.num_cached_tokens if len(seq.output_ids) == 1 else 0
-            events.append(TokenEvent(seq.seq_id, token, logprob, top, reason, cached))
-            if reason is not None:
-                self.scheduler.running.remove(seq)
-                self._finish(seq, reason)
+            for i in range(first, row):
+                if self._emit(seq, host, i, events) or not host.accepted[i]:
+                    break
         return events
+
+    def _emit(self, seq: Sequence, host: _HostOut, i: int, events: list[TokenEvent]) -> bool:
+        """Row i's token appended to seq as an event; True when that finished it."""
+        token = host.token_ids[i]
+        seq.output_ids.append(token)
+        reason = None
+        if token in seq.stop_ids:
+            reason = "stop"
+        elif len(seq.output_ids) >= seq.max_tokens:
+            reason = "length"
+        top = None
+        if host.top_ids is not None and seq.params.logprobs is not None:
+            k = seq.params.logprobs
+            top = list(zip(host.top_ids[i][:k], host.top_lps[i][:k], strict=True))
+        logprob = host.logprobs[i] if host.logprobs is not None else 0.0  # read only if asked
+        cached = seq.num_cached_tokens if len(seq.output_ids) == 1 else 0
+        events.append(TokenEvent(seq.seq_id, token, logprob, top, reason, cached))
+        if reason is not None:
+            self.scheduler.running.remove(seq)
+            self._finish(seq, reason)
+        return reason is not None
+
+
+@dataclass
+class _HostOut:
+    """A step's sampled rows as host lists (one host sync)."""
+
+    token_ids: list[int]
+    accepted: list[bool]  # verification rows: whether the token is the row's draft
+    logprobs: list[float] | None
+    top_ids: list[list[int]] | None
+    top_lps: list[list[float]] | None
+
+    @staticmethod
+    def of(out: SampleOutput | None) -> _HostOut | None:
+        if out is None:
+            return None
+        ids = out.token_ids.tolist()  # the step's one host sync
+        return _HostOut(
+            ids,
+            out.accepted.tolist() if out.accepted is not None else [False] * len(ids),
+            out.logprobs.tolist() if out.logprobs is not None else None,
+            out.top_ids.tolist() if out.top_ids is not None else None,
+            out.top_logprobs.tolist() if out.top_logprobs is not None else None,
+        )

@@ -12,6 +12,7 @@ from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
 from shared.model.causal_lm import CausalLM
 from shared.sampling import SampleOutput, Sampler
+from shared.sampling.verify import verify
 from shared.staging import PinnedRing
 
 
@@ -48,14 +49,15 @@ class ModelRunner:
         picks into (``SampleOutput.host_ids``)."""
         chunks, sampled = [], []
         for seq, n in work:
-            start = seq.num_computed
-            finishes = start + n == seq.num_tokens
+            start, d = seq.num_computed, seq.num_verifying  # d: draft tokens after its own
+            finishes = start + n - d == seq.num_tokens
+            ids = seq.token_slice(start, start + n - d)
             chunks.append(
                 SeqChunk(
-                    seq.token_slice(start, start + n),
+                    ids + seq.draft[:d] if d else ids,
                     start,
                     seq.block_table,
-                    "last" if finishes else "none",
+                    "all" if d else "last" if finishes else "none",
                 )
             )
             if finishes:
@@ -96,6 +98,8 @@ class ModelRunner:
         self._runs.append((batch.token_ids.shape[0], len(work), key))
         if not sampled:
             return sampled, None
+        if any(s.num_verifying for s in sampled):
+            return sampled, self._verify(logits, sampled)
         out = self.sampler.sample(
             logits,
             [s.params for s in sampled],
@@ -105,6 +109,20 @@ class ModelRunner:
             host_ids[: len(sampled)] if host_ids is not None else None,
         )
         return sampled, out
+
+    def _verify(self, logits: torch.Tensor, sampled: list[Sequence]) -> SampleOutput:
+        """A step with drafts: a row per drafted position and one after (verify.py), each row
+        seeing the drafts before it as output (penalties)."""
+        params, prompts, outputs, gens, drafts = [], [], [], [], []
+        for seq in sampled:
+            d = seq.num_verifying
+            for j in range(d + 1):
+                params.append(seq.params)
+                prompts.append(seq.prompt_ids)
+                outputs.append(seq.output_ids + seq.draft[:j] if j else seq.output_ids)
+                gens.append(seq.generator)
+                drafts.append(seq.draft[j] if j < d else -1)
+        return verify(self.sampler, logits, params, prompts, outputs, gens, drafts)
 
     def _reads_pinned(self) -> bool:
         """Whether steps are built into pinned host memory (graphs on a CUDA device), which the

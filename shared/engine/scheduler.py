@@ -96,6 +96,7 @@ class Scheduler:
                 n = self._long_prefix_cap(seq, n, budget)
             if n == 0:
                 continue
+            n += self._verifying(seq, budget - n)
             while not self._reserve(seq, seq.num_computed + n):
                 if not can_preempt:
                     return None
@@ -129,6 +130,27 @@ class Scheduler:
             budget -= n
         return work
 
+    def _verifying(self, seq: Sequence, budget: int) -> int:
+        """Draft tokens a decoding sequence's step verifies: its proposal, within the budget,
+        its max_tokens (the kept drafts and the model's own token after them) and the free
+        blocks (a draft never preempts anyone: without room it waits for a later step)."""
+        seq.num_verifying = 0
+        if seq.num_pending != 1 or not seq.draft or seq.num_inflight:
+            return 0
+        d = min(len(seq.draft), budget, seq.max_tokens - len(seq.output_ids) - 1)
+        if d <= 0 or not self._reserve(seq, seq.num_tokens + d):
+            return 0
+        seq.num_verifying = d
+        return d
+
+    def trim(self, seq: Sequence) -> None:
+        """Frees a sequence's blocks past its tokens (those its rejected drafts were written
+        to): never full of kept tokens, so never hashed."""
+        keep = self._blocks_for(seq.num_tokens)
+        if len(seq.block_table) > keep:
+            self.blocks.free(seq.block_table[keep:])
+            del seq.block_table[keep:]
+
     def _long_prefix_cap(self, seq: Sequence, n: int, budget: int) -> int:
         """A prompt chunk's tokens in a step that carries decodes: over a long cached prefix,
         the step stays within long_prefix_step tokens (the chunk gets at least
@@ -147,7 +169,8 @@ class Scheduler:
             seq.num_computed += n
             ids = None
             while len(seq.block_hashes) < seq.num_computed // bs:
-                ids = ids or seq.all_ids
+                # a verified step's kept drafts are computed before they join the output
+                ids = ids or seq.all_ids + seq.draft
                 i = len(seq.block_hashes)
                 parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
                 h = self.blocks.commit(seq.block_table[i], parent, ids[i * bs : (i + 1) * bs])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shared.engine.draft_length import DraftLength
 from shared.sampling import SamplingParams
 
 
@@ -36,6 +37,13 @@ class Sequence:
     inflight_row: int = -1
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None
+    # speculation: how many tokens to ask the proposers for (None: it does not speculate); a
+    # proposal of what follows its num_tokens tokens, for the next step; of those, the ones
+    # the scheduled step verifies
+    spec: DraftLength | None = None
+    draft: list[int] = field(default_factory=list)
+    draft_source: str = ""
+    num_verifying: int = 0
 
     @property
     def all_ids(self) -> list[int]:

@@ -40,6 +40,8 @@ class SampleOutput:
     # [B] int64 in pinned host memory: token_ids stored there by the argmax itself (sample's
     # host_ids), valid once the stream has passed it; None: not stored (a caller copies them)
     host_ids: torch.Tensor | None = None
+    # [B] bool, verification steps (verify.py): whether each row's token is its draft's
+    accepted: torch.Tensor | None = None
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
@@ -201,63 +203,73 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> torch.Tensor:
         """Sample rows that are all non-greedy; x is float32 penalized logits."""
-        batch, vocab = x.shape
-        device = x.device
-        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-        any_top_k = any(k < vocab for k in top_k)
-        any_top_p = any(p.top_p < 1.0 for p in params)
-        any_min_p = any(p.min_p > 0.0 for p in params)
-        cols = torch.tensor(
+        return race_draw(filtered_probs(x, params), generators)
+
+
+def filtered_probs(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """The distribution each non-greedy row samples from: softmax of the penalized float32
+    logits x over temperature, after top-k, top-p and min-p."""
+    batch, vocab = x.shape
+    device = x.device
+    top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    any_top_k = any(k < vocab for k in top_k)
+    any_top_p = any(p.top_p < 1.0 for p in params)
+    any_min_p = any(p.min_p > 0.0 for p in params)
+    cols = torch.tensor(
+        [
             [
-                [
-                    p.temperature,
-                    float(k),
-                    # A disabled top-p must remove nothing even if cumsum rounds above 1.
-                    p.top_p if p.top_p < 1.0 else 2.0,
-                    math.log(p.min_p) if p.min_p > 0.0 else -math.inf,
-                ]
-                for p, k in zip(params, top_k, strict=True)
-            ],
-            dtype=torch.float32,
-        )
-        cols = to_device(cols, device)
-        temp, k_col, top_p, log_min_p = (cols[:, i : i + 1] for i in range(4))
-        k_col = k_col.long()
+                p.temperature,
+                float(k),
+                # A disabled top-p must remove nothing even if cumsum rounds above 1.
+                p.top_p if p.top_p < 1.0 else 2.0,
+                math.log(p.min_p) if p.min_p > 0.0 else -math.inf,
+            ]
+            for p, k in zip(params, top_k, strict=True)
+        ],
+        dtype=torch.float32,
+    )
+    cols = to_device(cols, device)
+    temp, k_col, top_p, log_min_p = (cols[:, i : i + 1] for i in range(4))
+    k_col = k_col.long()
 
-        x = x / temp
-        neg_inf = -math.inf
-        if any_top_p:
-            # One stable sort serves both top-k and top-p; stability keeps ties ordered by id.
-            sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
-            pos = torch.arange(vocab, device=device)
-            remove = pos >= k_col
-            probs = sorted_x.masked_fill(remove, neg_inf).softmax(dim=-1)
-            # Drop a token once the mass strictly before it already exceeds top_p;
-            # the most likely token always survives.
-            remove |= (probs.cumsum(dim=-1) - probs) > top_p
-            x = x.masked_fill(torch.empty_like(remove).scatter_(1, order, remove), neg_inf)
-        elif any_top_k:
-            k_max = max(k for k in top_k if k < vocab)
-            _, top_idx = x.topk(k_max, dim=-1)
-            keep_sorted = torch.arange(k_max, device=device) < k_col
-            keep = torch.zeros_like(x, dtype=torch.bool).scatter_(1, top_idx, keep_sorted)
-            # Rows with top-k off see only k_max candidates above; they must keep all.
-            keep |= k_col >= vocab
-            x = x.masked_fill(~keep, neg_inf)
-        if any_min_p:
-            # p < min_p * p_max  <=>  logit - max_logit < log(min_p)
-            x_max = x.max(dim=-1, keepdim=True).values
-            x = x.masked_fill(x - x_max < log_min_p, neg_inf)
+    x = x / temp
+    neg_inf = -math.inf
+    if any_top_p:
+        # One stable sort serves both top-k and top-p; stability keeps ties ordered by id.
+        sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
+        pos = torch.arange(vocab, device=device)
+        remove = pos >= k_col
+        probs = sorted_x.masked_fill(remove, neg_inf).softmax(dim=-1)
+        # Drop a token once the mass strictly before it already exceeds top_p;
+        # the most likely token always survives.
+        remove |= (probs.cumsum(dim=-1) - probs) > top_p
+        x = x.masked_fill(torch.empty_like(remove).scatter_(1, order, remove), neg_inf)
+    elif any_top_k:
+        k_max = max(k for k in top_k if k < vocab)
+        _, top_idx = x.topk(k_max, dim=-1)
+        keep_sorted = torch.arange(k_max, device=device) < k_col
+        keep = torch.zeros_like(x, dtype=torch.bool).scatter_(1, top_idx, keep_sorted)
+        # Rows with top-k off see only k_max candidates above; they must keep all.
+        keep |= k_col >= vocab
+        x = x.masked_fill(~keep, neg_inf)
+    if any_min_p:
+        # p < min_p * p_max  <=>  logit - max_logit < log(min_p)
+        x_max = x.max(dim=-1, keepdim=True).values
+        x = x.masked_fill(x - x_max < log_min_p, neg_inf)
+    return x.softmax(dim=-1)
 
-        probs = x.softmax(dim=-1)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws exactly from p, needs no
-        # cumsum/searchsorted, and lets each seeded row draw from its own generator.
-        noise = torch.empty_like(probs)
-        if any(g is None for g in generators):
-            noise.exponential_()
-        for row, gen in enumerate(generators):
-            if gen is not None:
-                noise[row].exponential_(generator=gen)
-        # A zero draw would turn 0/0 into NaN for filtered tokens.
-        noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-        return (probs / noise).argmax(dim=-1)
+
+def race_draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row drawn from probs [B, V] (rows need not be normalized).
+
+    Exponential race: argmax(p / E) with E ~ Exp(1) draws exactly from p, needs no
+    cumsum/searchsorted, and lets each seeded row draw from its own generator."""
+    noise = torch.empty_like(probs)
+    if any(g is None for g in generators):
+        noise.exponential_()
+    for row, gen in enumerate(generators):
+        if gen is not None:
+            noise[row].exponential_(generator=gen)
+    # A zero draw would turn 0/0 into NaN for filtered tokens.
+    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+    return (probs / noise).argmax(dim=-1)

@@ -83,6 +83,9 @@ class Heartbeat(_Msg, tag="hb"):
     # out), restored, lookups, lookups timed out, found blocks not matching the prompt, blocks
     # not stored for want of a granted slot
     kv_tiers: dict[str, int] = {}
+    # speculation, counts since it started: "steps" verified, and per proposer the tokens
+    # "drafted:<source>" and "accepted:<source>"
+    spec: dict[str, int] = {}
 
 
 class Rejected(_Msg, tag="rej"):

@@ -185,13 +185,13 @@ def test_the_kvcache_service_and_its_tiers() -> None:
     off = launch.plan_processes(
         dataclasses.replace(config, kv_ram_gb=0, kv_disk_gb=0), ["cpu"], endpoints
     )
-    assert not off.services and "--kvcache" not in off.workers["worker cpu"]
+    assert "kvcache" not in off.services and "--kvcache" not in off.workers["worker cpu"]
     # GPU workers do not use them yet (their copies are not measured); without a CPU worker
     # no kvcache starts
     mixed = launch.plan_processes(config, ["cpu", "cuda:0"], endpoints)
     assert "--kvcache" in mixed.workers["worker cpu"]
     assert "--kvcache" not in mixed.workers["worker cuda:0"]
-    assert not launch.plan_processes(config, ["cuda:0"], endpoints).services
+    assert "kvcache" not in launch.plan_processes(config, ["cuda:0"], endpoints).services
 
 
 def test_wildcard_hosts_print_a_reachable_url() -> None:
@@ -297,7 +297,7 @@ def test_skiff_serve_answers_a_chat_completion_and_stops_on_sigint(tmp_path: Pat
             if m := re.search(r"Skiff is serving (\S+) at (http://\S+)", seen[-1]):
                 name, url = m.group(1), m.group(2)
         assert name == "SmolLM2-135M-Instruct.Q4_1"
-        assert len(pids()) == 3  # the gateway, the kvcache and one CPU worker
+        assert len(pids()) == 4  # the gateway, the kvcache, the spec service and one CPU worker
 
         body = {
             "model": name,
@@ -331,3 +331,20 @@ def test_skiff_serve_answers_a_chat_completion_and_stops_on_sigint(tmp_path: Pat
         for pid in pids():
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_the_spec_service_and_the_workers_drafts() -> None:
+    endpoints = Endpoints(*(f"tcp://127.0.0.1:{p}" for p in (5001, 5002, 5003, 5004)))
+    config = ServeConfig(Path("/m.gguf"), spec_max_tokens=5)
+    plan = launch.plan_processes(config, ["cpu", "cuda:0"], endpoints, python="py")
+    assert plan.services["spec"] == ["py", "-m", "services.spec", "--endpoint", endpoints.spec]
+    cpu, gpu = plan.workers["worker cpu"], plan.workers["worker cuda:0"]
+    assert _flag(cpu, "--spec") == endpoints.spec and _flag(cpu, "--spec-max-tokens") == "5"
+    # GPU workers do not speculate yet (their verification steps are not measured)
+    assert "--spec" not in gpu
+    off = launch.plan_processes(dataclasses.replace(config, spec="off"), ["cpu"], endpoints)
+    assert "spec" not in off.services and "--spec" not in off.workers["worker cpu"]
+    from shared.worker.config import parse_worker_args
+
+    cfg = parse_worker_args(["--model", "/m", "--spec", "tcp://h:2", "--spec-max-tokens", "3"], "d")
+    assert (cfg.spec, cfg.spec_max_tokens) == ("tcp://h:2", 3)

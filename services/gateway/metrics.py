@@ -63,6 +63,14 @@ class GatewayMetrics:
             ["worker", "event"],
             registry=r,
         )
+        self.spec = Gauge(
+            "skiff_spec_tokens",
+            "speculative decoding per worker since it started, from heartbeats: verified steps "
+            "(event steps) and draft tokens proposed and accepted by proposer (event drafted, "
+            "accepted; source prompt, table, draft)",
+            ["worker", "event", "source"],
+            registry=r,
+        )
         self.workers_ready = Gauge(
             "skiff_workers_ready", "workers ready to take requests", registry=r
         )
@@ -72,6 +80,7 @@ class GatewayMetrics:
         self.kv_used.clear()
         self.kv_free.clear()
         self.kv_tiers.clear()
+        self.spec.clear()
         waiting = 0
         for w in workers.all_workers():
             hb = w.heartbeat
@@ -82,6 +91,9 @@ class GatewayMetrics:
             self.kv_free.labels(worker=w.worker_id).set(hb.kv_blocks_free)
             for event, n in hb.kv_tiers.items():
                 self.kv_tiers.labels(worker=w.worker_id, event=event).set(n)
+            for key, n in hb.spec.items():
+                event, _, source = key.partition(":")
+                self.spec.labels(worker=w.worker_id, event=event, source=source).set(n)
         self.queue_depth.set(waiting)
         self.workers_ready.set(len(workers.ready_workers()))
         return generate_latest(self.registry)

@@ -101,6 +101,7 @@ class LLMEngine:
         self._ids_ring = PinnedRing()  # pinned buffers the sampled ids are stored into
         # verified drafts: steps, and tokens drafted and accepted by proposer ("drafted:prompt")
         self.spec_stats: Counter[str] = Counter()
+        self.speculate = True  # False: drafts are not asked for (the worker's batch rule)
 
     @property
     def running(self) -> list[Sequence]:
@@ -156,6 +157,8 @@ class LLMEngine:
     def _speculating(self) -> bool:
         """Whether a running sequence asks for drafts or holds one: its steps are verified
         one at a time (a proposal follows the tokens the step before it kept)."""
+        if not self.speculate:
+            return False
         return any(s.draft or (s.spec is not None and s.spec.k) for s in self.scheduler.running)
 
     def _keep_accepted(

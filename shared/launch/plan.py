@@ -45,6 +45,8 @@ class ServeConfig:
     kv_ram_gb: float | None = None
     kv_disk_gb: float | None = None
     kv_disk_dir: str | None = None
+    spec: str = "ngram"  # the spec service's proposers for the workers' drafts, or "off"
+    spec_max_tokens: int | None = None  # None: the workers' default
     stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
 
     @property
@@ -75,6 +77,8 @@ class ServeConfig:
             kv_ram_gb=args.kv_ram_gb,
             kv_disk_gb=args.kv_disk_gb,
             kv_disk_dir=args.kv_disk_dir,
+            spec=args.spec,
+            spec_max_tokens=args.spec_max_tokens,
             stop_timeout_s=args.stop_timeout,
         )
 
@@ -168,6 +172,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="the disk tier's directory (default: the cache directory's kv/; it outlives restarts)",
     )
     p.add_argument(
+        "--spec",
+        default="ngram",
+        choices=["ngram", "off"],
+        help="speculative decoding: drafts from the spec service's n-gram proposers (prompt "
+        "lookup), verified in the decode steps of CPU workers (default ngram), or off",
+    )
+    p.add_argument(
+        "--spec-max-tokens",
+        type=int,
+        default=None,
+        help="the longest draft a step verifies (default 8; each sequence's follows its "
+        "acceptance)",
+    )
+    p.add_argument(
         "--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL"
     )
 
@@ -220,19 +238,20 @@ class Endpoints:
     worker: str  # ROUTER: requests down, ready/heartbeats up
     tokens: str  # PULL: token batches up
     kvcache: str = ""  # the kvcache service's ROUTER, which it binds and workers connect to
+    spec: str = ""  # the spec service's ROUTER, likewise
 
 
 def local_endpoints(host: str = "127.0.0.1") -> Endpoints:
     # Both sockets are held open together so that the OS cannot hand out one port twice.
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(3)]
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(4)]
     try:
         for s in socks:
             s.bind((host, 0))
-        a, b, c = (s.getsockname()[1] for s in socks)
+        a, b, c, d = (s.getsockname()[1] for s in socks)
     finally:
         for s in socks:
             s.close()
-    return Endpoints(f"tcp://{host}:{a}", f"tcp://{host}:{b}", f"tcp://{host}:{c}")
+    return Endpoints(*(f"tcp://{host}:{p}" for p in (a, b, c, d)))
 
 
 @dataclass(frozen=True)
@@ -296,6 +315,14 @@ def plan_processes(
                  "--disk-dir": config.kv_disk_dir}  # fmt: skip
         kvcache += [s for flag, v in tiers.items() if v is not None for s in (flag, str(v))]
         services["kvcache"] = kvcache
+    # Speculation for CPU workers only, until the GPU verification steps are measured on the
+    # device (W5); by hand, a GPU worker's `--spec` works
+    spec_devices = [d for d in devices if d == "cpu"]
+    if endpoints.spec and config.spec != "off" and spec_devices:
+        services["spec"] = [python, "-m", "services.spec", "--endpoint", endpoints.spec]
+    spec_extra = (
+        ["--spec-max-tokens", str(config.spec_max_tokens)] if config.spec_max_tokens else []
+    )
     workers = {
         f"worker {d}": [
             python,
@@ -310,7 +337,16 @@ def plan_processes(
             "--gateway-tokens",
             endpoints.tokens,
             *extra,
-            *(["--kvcache", endpoints.kvcache] if services and d in kv_devices else []),
+            *(
+                ["--kvcache", endpoints.kvcache]
+                if "kvcache" in services and d in kv_devices
+                else []
+            ),
+            *(
+                ["--spec", endpoints.spec, *spec_extra]
+                if "spec" in services and d in spec_devices
+                else []
+            ),
         ]  # fmt: skip
         for d in devices
     }

@@ -31,6 +31,9 @@ class WorkerConfig:
     cpu_weights: str = "int4"  # CPU: quantized linears as int4 planes, or float copies ("float")
     threads: int = 0  # CPU threads of torch's ops (0: the cores this process may run on)
     kvcache: str = ""  # the kvcache service's ROUTER (RAM and disk tiers); "": VRAM alone
+    spec: str = ""  # the spec service's ROUTER (draft proposals); "": no speculation
+    spec_max_tokens: int = 8  # the longest draft a step verifies
+    spec_max_batch: int = 16  # more running sequences than this: no speculation
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -137,6 +140,21 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         help="the kvcache service's endpoint (RAM and disk tiers of KV blocks; env "
         "SKIFF_KVCACHE; default none: the KV pool alone)",
     )
+    p.add_argument(
+        "--spec",
+        default=env("SKIFF_SPEC", ""),
+        help="the spec service's endpoint (draft proposals, verified in the decode steps; env "
+        "SKIFF_SPEC; default none: no speculation)",
+    )
+    p.add_argument(
+        "--spec-max-tokens", type=int, default=8, help="the longest draft a step verifies"
+    )
+    p.add_argument(
+        "--spec-max-batch",
+        type=int,
+        default=16,
+        help="no speculation while more sequences than this run (their steps are big enough)",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -160,5 +178,8 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         cpu_weights=a.cpu_weights,
         threads=a.threads,
         kvcache=a.kvcache,
+        spec=a.spec,
+        spec_max_tokens=a.spec_max_tokens,
+        spec_max_batch=a.spec_max_batch,
         worker_id=a.worker_id,
     )

@@ -21,6 +21,7 @@ import torch
 import zmq
 
 from shared.engine import Sequence, TokenEvent
+from shared.engine.draft_length import DraftLength
 from shared.engine.factory import EngineConfig, LoadedEngine, build_engine
 from shared.kv.block_io import tier_key
 from shared.kv.tier_client import TierClient
@@ -38,6 +39,7 @@ from shared.sampling import SamplingParams, make_generator
 from shared.worker.config import WorkerConfig, cpu_threads
 from shared.worker.control import ControlChannel
 from shared.worker.kv_tiers import KVTiers
+from shared.worker.spec_client import SpecClient
 from shared.worker.stalls import StallLog
 
 IDLE_WAIT_S = 0.05
@@ -66,9 +68,18 @@ class WorkerLoop:
         tokens: zmq.Socket,
         device: str,
         tiers: KVTiers | None = None,
+        spec: SpecClient | None = None,
+        spec_max_tokens: int = 8,
+        spec_max_batch: int = 16,
     ) -> None:
         self.worker_id = worker_id
         self.tiers = tiers  # the kvcache service's RAM and disk tiers, if any
+        self.spec = spec  # the spec service's proposals, if any
+        self.spec_max_tokens = spec_max_tokens
+        self.spec_max_batch = spec_max_batch  # more running sequences: no speculation
+        self._step_s = 0.0  # the last step's time
+        self._spec_counts: dict[str, int] = {}  # engine.spec_stats as of the last step (for
+        # the heartbeat, which the control thread builds)
         self.engine = loaded.engine
         self.control = control
         self.tokens = tokens
@@ -89,6 +100,7 @@ class WorkerLoop:
             len(self.engine.running),
             len(self.engine.waiting),
             self.tiers.counts() if self.tiers is not None else {},
+            self._spec_counts,
         )
 
     def run(self) -> None:
@@ -99,6 +111,8 @@ class WorkerLoop:
                 for seq in self.tiers.poll():
                     self.engine.add(seq)
             if self.engine.has_work():
+                if self.spec is not None:
+                    self._take_drafts()
                 self._step()
 
     def _restoring(self) -> bool:
@@ -137,6 +151,7 @@ class WorkerLoop:
                 req.max_tokens,
                 frozenset(req.stop_ids),
                 make_generator(s.seed, self.device),
+                spec=DraftLength(self.spec_max_tokens) if self.spec is not None else None,
             )
             self.engine.check(seq)
             if self.tiers is None or not self.tiers.admit(seq):
@@ -153,6 +168,8 @@ class WorkerLoop:
             self._request_of.pop(seq_id, None)
             if self.tiers is None or not self.tiers.abort(seq_id):
                 self.engine.abort(seq_id)
+            if self.spec is not None:
+                self.spec.end([seq_id])
 
     def _step(self) -> None:
         start = time.perf_counter()
@@ -162,10 +179,28 @@ class WorkerLoop:
             traceback.print_exc()
             self._fail_all(f"the worker's engine step failed: {exc}")
             return
-        self.stalls.step(time.perf_counter() - start, self._step_summary)
+        self._step_s = time.perf_counter() - start
+        self.stalls.step(self._step_s, self._step_summary)
         if events:
             out = [self._token_out(ev) for ev in events if ev.seq_id in self._request_of]
             self.tokens.send(self._enc.encode(StepTokens(self.worker_id, out)))
+            if self.spec is not None:
+                self._ask_drafts(events)
+
+    def _ask_drafts(self, events: list[TokenEvent]) -> None:
+        """Proposals for the sequences this step moved on (while the gateway gets their
+        tokens); the ended ones are forgotten."""
+        self.spec.end([ev.seq_id for ev in events if ev.finish_reason is not None])
+        self._spec_counts = dict(self.engine.spec_stats)
+        running = self.engine.running
+        self.engine.speculate = len(running) <= self.spec_max_batch
+        if self.engine.speculate:
+            moved = {ev.seq_id for ev in events}
+            self.spec.ask([s for s in running if s.seq_id in moved and s.num_pending == 1])
+
+    def _take_drafts(self) -> None:
+        if self.engine.speculate:
+            self.spec.collect({s.seq_id: s for s in self.engine.running}, self._step_s)
 
     def _step_summary(self) -> str:
         e = self.engine
@@ -254,7 +289,16 @@ def run_worker(cfg: WorkerConfig) -> int:
     holder: list[WorkerLoop] = []
     control = ControlChannel(ctx, cfg.gateway, ready, lambda: holder[0].heartbeat())
     tiers = _tiers(ctx, cfg, wid, loaded)
-    loop = WorkerLoop(wid, loaded, control, tokens, cfg.device, tiers)
+    spec = None
+    if cfg.spec:
+        if cfg.spec_max_tokens < 1:
+            raise SystemExit(f"--spec-max-tokens must be at least 1, got {cfg.spec_max_tokens}")
+        spec = SpecClient(ctx, cfg.spec, wid, lambda msg: log(wid, msg))
+        log(wid, f"speculation: drafts of up to {cfg.spec_max_tokens} tokens from {cfg.spec}")
+    loop = WorkerLoop(
+        wid, loaded, control, tokens, cfg.device, tiers, spec, cfg.spec_max_tokens,
+        cfg.spec_max_batch,
+    )  # fmt: skip
     holder.append(loop)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: loop.stopped.set())
@@ -270,6 +314,8 @@ def run_worker(cfg: WorkerConfig) -> int:
         loop.stalls.close()
         if tiers is not None:
             tiers.client.close()
+        if spec is not None:
+            spec.close()
         control.stop()
         tokens.close(linger=0)
         ctx.term()

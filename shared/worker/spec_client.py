@@ -1,0 +1,137 @@
+"""The worker's side of the spec service: each step's new tokens of the speculating sequences
+up, the proposals down, never a step held up for long.
+
+After a step the worker sends one `SpecAsk` with the tokens each speculating sequence gained
+(the service keeps a copy of every sequence: a sequence's tokens go up once) and how many to
+propose; before the next step it takes the `SpecDrafts` that came back, waiting at most a short
+grace (a fraction of a step, ``wait_s``) for an answer still out. A draft that continues a
+sequence's current length becomes its `Sequence.draft`; a late one (for an older length) is
+dropped. When the service is gone (a send that cannot leave: the socket has no connected peer,
+``IMMEDIATE``), or silent for ``DEAD_AFTER_S``, the worker decodes without proposals, asks again
+once a second, and sends each sequence whole on the first answer (a new service holds no copies).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+
+import zmq
+
+from shared.engine import Sequence
+from shared.protocol import SpecAsk, SpecDrafts, SpecEnd, SpecSeq, SpecToWorker, decoder, encoder
+
+DEAD_AFTER_S = 1.0  # an ask unanswered this long: the service is taken for gone
+RETRY_S = 1.0  # then one ask a second probes for it
+WAIT_MAX_S = 0.002  # the longest a step waits for proposals still out
+WAIT_FRACTION = 0.1  # of the last step's time
+
+
+class SpecClient:
+    def __init__(
+        self, ctx: zmq.Context, endpoint: str, worker_id: str, log: Callable[[str], None]
+    ) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, f"{worker_id}-{uuid.uuid4().hex[:8]}".encode())
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)  # no peer: a send fails at once, nothing queues
+        self.sock.setsockopt(zmq.SNDHWM, 64)
+        self.sock.connect(endpoint)
+        self.endpoint = endpoint
+        self.log = log
+        self._enc, self._dec = encoder(), decoder(SpecToWorker)
+        self._sent: dict[int, int] = {}  # seq id -> tokens of it the service holds
+        self._out: list[float] = []  # when each unanswered ask left
+        self._down = False
+        self._last_try = 0.0
+        self.stats: Counter[str] = Counter()
+
+    @property
+    def up(self) -> bool:
+        return not self._down
+
+    def ask(self, seqs: list[Sequence]) -> None:
+        """Proposals for these sequences (those decoding, with a draft length > 0 now)."""
+        now = time.monotonic()
+        if self._out and now - self._out[0] > DEAD_AFTER_S:
+            self._gone("no answer for a second")
+        if self._down and now - self._last_try < RETRY_S:
+            return
+        items = []
+        for seq in seqs:
+            k = seq.spec.k if seq.spec is not None else 0
+            if not k or seq.num_inflight:
+                continue
+            start = self._sent.get(seq.seq_id, 0)
+            items.append(SpecSeq(seq.seq_id, start, seq.token_slice(start, seq.num_tokens), k))
+        if not items:
+            return
+        self._last_try = now
+        if not self._send(SpecAsk(items)):
+            self._gone("it cannot be reached")
+            return
+        for item in items:
+            self._sent[item.seq_id] = item.start + len(item.tokens)
+        self._out.append(now)
+        self.stats["asks"] += 1
+
+    def end(self, seq_ids: list[int]) -> None:
+        for sid in seq_ids:
+            self._sent.pop(sid, None)
+        if seq_ids and not self._down:
+            self._send(SpecEnd(seq_ids))
+
+    def collect(self, seqs: dict[int, Sequence], last_step_s: float) -> None:
+        """Takes the answers that came; waits up to a grace for one still out."""
+        wait = min(WAIT_MAX_S, WAIT_FRACTION * last_step_s) if self._out and not self._down else 0
+        if wait and not self.sock.poll(wait * 1000):
+            self.stats["late"] += 1
+            return
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = self._dec.decode(frame)
+            except Exception:  # noqa: BLE001 (a bad frame costs its proposals, nothing else)
+                self.stats["bad_frames"] += 1
+                continue
+            self._take(msg, seqs)
+
+    def _take(self, msg: SpecDrafts, seqs: dict[int, Sequence]) -> None:
+        if self._out:
+            self._out.pop(0)
+        if self._down:
+            self.log(f"spec service at {self.endpoint} answers again")
+            self._down = False
+        for sid in msg.unknown:  # a new service: this sequence goes up whole next time
+            self._sent.pop(sid, None)
+        for d in msg.drafts:
+            seq = seqs.get(d.seq_id)
+            if seq is None or seq.spec is None or d.at != seq.num_tokens or seq.num_inflight:
+                self.stats["stale"] += 1
+                continue
+            seq.draft = d.tokens[: seq.spec.k]
+            seq.draft_source = d.source
+            self.stats["drafts"] += 1
+
+    def _send(self, msg: SpecAsk | SpecEnd) -> bool:
+        try:
+            self.sock.send(self._enc.encode(msg), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            self.stats["dropped_sends"] += 1
+            return False
+
+    def _gone(self, why: str) -> None:
+        if not self._down:
+            self.log(f"spec service at {self.endpoint}: {why}; decoding without proposals")
+        self._down = True
+        self._sent.clear()  # whatever answers next holds no copies
+        self._out.clear()
+
+    def close(self) -> None:
+        self.sock.close(linger=0)

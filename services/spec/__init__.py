@@ -1,1 +1,1 @@
-"""Speculation service (n-gram and draft-model proposals): lands with speculative decoding."""
+"""Speculation service: draft proposals for the workers' verification steps (prompt lookup)."""

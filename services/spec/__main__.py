@@ -1,0 +1,17 @@
+"""`python -m services.spec --endpoint tcp://127.0.0.1:5598 [--max-seqs N] [--max-tokens T]
+[--ngram-min A] [--ngram-max B] [--metrics-port P]`
+
+Starts the spec service: a ROUTER that workers attach to, which keeps a copy of each speculating
+sequence's tokens and answers each ask with the drafts its proposers find (prompt lookup).
+Exits cleanly on SIGTERM or SIGINT.
+"""
+
+import sys
+
+from services.spec.config import parse_spec_args
+
+if __name__ == "__main__":
+    config = parse_spec_args(None, __doc__)
+    from services.spec.service import serve
+
+    sys.exit(serve(config))

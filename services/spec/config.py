@@ -1,0 +1,52 @@
+"""SpecConfig: the spec process's one typed config, built once from its flags."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+# Defaults: n-gram sizes 3..8 (prompt_lookup.py says why), and a bound on what the service
+# holds. Prompt lookup's index costs ~0.7 KB a token (n 3..8), so 2M tokens are ~1.4 GB.
+NGRAM_MIN, NGRAM_MAX = 3, 8
+MAX_SEQS = 4096
+MAX_TOKENS = 2_000_000
+MAX_DRAFT = 64  # the longest draft answered, whatever k a worker asks (a reply stays small)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    endpoint: str
+    max_seqs: int = MAX_SEQS  # live sequences held (all workers): the least recently asked go
+    max_tokens: int = MAX_TOKENS  # tokens held in all (so memory is bounded too)
+    ngram_min: int = NGRAM_MIN
+    ngram_max: int = NGRAM_MAX
+    max_draft: int = MAX_DRAFT
+    metrics_port: int = 0  # 0: no Prometheus endpoint
+    summary_interval_s: float = 30.0
+
+
+def parse_spec_args(argv: list[str] | None, description: str | None = None) -> SpecConfig:
+    p = argparse.ArgumentParser(prog="python -m services.spec", description=description)
+    p.add_argument("--endpoint", required=True, help="ROUTER address, e.g. tcp://127.0.0.1:5598")
+    p.add_argument(
+        "--max-seqs", type=int, default=MAX_SEQS, help="live sequences held (LRU over all workers)"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=MAX_TOKENS, help="tokens held in all (LRU as well)"
+    )
+    p.add_argument("--ngram-min", type=int, default=NGRAM_MIN, help="shortest n-gram matched")
+    p.add_argument("--ngram-max", type=int, default=NGRAM_MAX, help="longest n-gram matched")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1")
+    a = p.parse_args(argv)
+    if a.max_seqs < 1 or a.max_tokens < 1:
+        p.error("--max-seqs and --max-tokens must be at least 1")
+    if not 1 <= a.ngram_min <= a.ngram_max:
+        p.error(f"need 1 <= --ngram-min <= --ngram-max, got {a.ngram_min} and {a.ngram_max}")
+    return SpecConfig(
+        endpoint=a.endpoint,
+        max_seqs=a.max_seqs,
+        max_tokens=a.max_tokens,
+        ngram_min=a.ngram_min,
+        ngram_max=a.ngram_max,
+        metrics_port=a.metrics_port,
+    )

@@ -1,0 +1,145 @@
+"""The spec service's ROUTER loop and its message handling (`SpecService.handle`, socket-free,
+so tests drive it directly).
+
+- `SpecAsk` -> one `SpecDrafts` on the same identity: each `SpecSeq` updates the sequence's copy
+  (start 0: replaced; start > 0: cut there and extended) and, when k > 0, gets a draft of up to
+  k tokens (at most `max_draft`) continuing its length, if its prompt lookup finds one. An item
+  with no copy from its start on goes to `unknown` (the worker resends it from 0) and gets none.
+- `SpecEnd`: the sequences are forgotten. No reply.
+- A malformed message is counted and ignored; it never stops the loop.
+
+The loop answers in arrival order, so an ask waits behind the ones before it: a sequence's
+first copy (its whole prompt) is the costly part (prompt_lookup.py has the figures), which is
+why a worker does best to send it with k = 0 before its first decode step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+
+import zmq
+
+from services.spec.config import SpecConfig
+from services.spec.metrics import SpecStats, serve_metrics, snapshot, summary
+from services.spec.sequences import LiveSequences
+from shared.protocol import (
+    SpecAsk,
+    SpecDraft,
+    SpecDrafts,
+    SpecEnd,
+    SpecToWorker,
+    WorkerToSpec,
+    decoder,
+    encoder,
+)
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_LOGGED_ERRORS = 10  # malformed messages described on stderr before going quiet
+
+
+def _log(msg: str) -> None:
+    print(f"spec: {msg}", file=sys.stderr, flush=True)
+
+
+class SpecService:
+    def __init__(self, seqs: LiveSequences, stats: SpecStats, max_draft: int) -> None:
+        self.seqs, self.stats, self.max_draft = seqs, stats, max_draft
+        self._decode = decoder(WorkerToSpec).decode
+
+    def handle(self, frames: list[bytes]) -> list[bytes | SpecToWorker]:
+        """One ROUTER message ([identity, payload]) -> [identity, reply] or [] (none)."""
+        try:
+            identity, payload = frames
+            msg = self._decode(payload)
+            if isinstance(msg, SpecAsk):
+                reply = self._ask(identity, msg)
+            else:
+                reply = self._end(identity, msg)
+        except Exception as e:  # a bad frame must never stop the service
+            self.stats.malformed += 1
+            if self.stats.malformed <= _LOGGED_ERRORS:
+                _log(f"malformed message ignored ({type(e).__name__}: {e})")
+            return []
+        return [identity, reply] if reply is not None else []
+
+    def _ask(self, who: bytes, msg: SpecAsk) -> SpecDrafts:
+        self.stats.asks += 1
+        drafts: list[SpecDraft] = []
+        unknown: list[int] = []
+        for item in msg.seqs:
+            self.stats.seqs_asked += 1
+            live = self.seqs.update(who, item)
+            if live is None:
+                unknown.append(item.seq_id)
+                continue
+            tokens = live.lookup.propose(min(item.k, self.max_draft))
+            if tokens:
+                drafts.append(SpecDraft(item.seq_id, len(live.lookup), tokens, "prompt"))
+                self.stats.drafts["prompt"] += 1
+                self.stats.draft_tokens["prompt"] += len(tokens)
+        self.stats.unknown += len(unknown)
+        return SpecDrafts(drafts, unknown)
+
+    def _end(self, who: bytes, msg: SpecEnd) -> None:
+        for seq_id in msg.seq_ids:
+            if self.seqs.end(who, seq_id) is not None:
+                self.stats.ends += 1
+
+
+def serve(config: SpecConfig) -> int:
+    """Run the spec service until SIGTERM or SIGINT; its exit status."""
+    seqs = LiveSequences(config.max_seqs, config.max_tokens, config.ngram_min, config.ngram_max)
+    stats = SpecStats()
+    service = SpecService(seqs, stats, config.max_draft)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    stopping: list[int] = []
+    previous = {s: signal.signal(s, lambda n, _f: stopping.append(n)) for s in _SIGNALS}
+    try:
+        try:
+            sock.bind(config.endpoint)
+        except zmq.ZMQError as e:
+            _log(f"cannot bind {config.endpoint} ({e})")
+            return 2
+        if config.metrics_port:
+            serve_metrics(config.metrics_port, stats, seqs)
+        _log(
+            f"ready at {config.endpoint}, prompt lookup over n-grams {config.ngram_min}.."
+            f"{config.ngram_max}, up to {config.max_seqs} sequences and {config.max_tokens} tokens"
+        )
+        _loop(sock, service, config.summary_interval_s, stopping)
+        return 0
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        sock.close(0)
+        ctx.term()
+
+
+def _loop(sock: zmq.Socket, service: SpecService, every_s: float, stopping: list) -> None:
+    encode = encoder().encode
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    last_log, last_seen = time.monotonic(), snapshot(service.stats, service.seqs)
+    while not stopping:
+        if poller.poll(500):
+            for _ in range(256):  # a bounded drain, so the summary and signals get their turn
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                out = service.handle(frames)
+                if out:
+                    with contextlib.suppress(zmq.Again):  # a peer past its HWM: drop
+                        sock.send_multipart([out[0], encode(out[1])], zmq.NOBLOCK)
+        now = time.monotonic()
+        if now - last_log >= every_s:
+            last_log = now
+            seen = snapshot(service.stats, service.seqs)
+            if seen != last_seen:
+                last_seen = seen
+                print(summary(service.stats, service.seqs), file=sys.stderr, flush=True)

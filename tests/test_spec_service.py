@@ -14,6 +14,7 @@ from pathlib import Path
 
 import zmq
 
+from services.spec.domain_table import DomainTables
 from services.spec.metrics import SpecCollector, SpecStats, summary
 from services.spec.sequences import LiveSequences
 from services.spec.service import SpecService
@@ -129,13 +130,49 @@ def test_malformed_frames_are_counted_and_ignored() -> None:
 def test_summary_and_collector_report_the_counts() -> None:
     svc = _service()
     _ask(svc, A, SpecSeq(1, 0, [1, 2, 3, 1, 2], 2), SpecSeq(2, 3, [1], 2))
-    line = summary(svc.stats, svc.seqs)
+    line = summary(svc.stats, svc.seqs, None)
     assert "1 sequences (5 tokens, 0 evicted)" in line and "prompt 1 (2 tokens)" in line
     metrics = {m.name: m for m in SpecCollector(svc.stats, svc.seqs).collect()}
     assert metrics["skiff_spec_sequences"].samples[0].value == 1
     assert metrics["skiff_spec_unknown"].samples[0].value == 1
     by_source = {s.labels["source"]: s.value for s in metrics["skiff_spec_draft_tokens"].samples}
     assert by_source == {"prompt": 2, "table": 0}
+
+
+def test_a_domain_table_learns_ended_outputs_and_drafts_where_lookup_finds_none(
+    tmp_path: Path,
+) -> None:
+    tables = DomainTables(str(tmp_path), 1000, 2, 4)
+    svc = SpecService(LiveSequences(16, 10_000, 2, 4), SpecStats(), 64, tables)
+    for sid in (1, 2):  # the same prompt and output twice: seen often enough to be trusted
+        _ask(svc, A, SpecSeq(sid, 0, [100, 50, 51], 0, "code"))
+        _ask(svc, A, SpecSeq(sid, 3, [5, 6, 7, 8, 9], 0, "code"))
+    assert svc.handle([A, ENC.encode(SpecEnd([1, 2]))]) == []
+    tables.flush()
+    assert tables.learned == 2
+    got = _ask(svc, A, SpecSeq(4, 0, [200, 5, 6], 3, "code"))
+    assert got == SpecDrafts([SpecDraft(4, 3, [7, 8, 9], "table")], [])
+    assert _ask(svc, A, SpecSeq(5, 0, [200, 5, 6], 3)) == SpecDrafts([], [])  # no domain
+    assert _ask(svc, A, SpecSeq(6, 0, [200, 5, 6], 3, "prose")) == SpecDrafts([], [])
+    assert _ask(svc, A, SpecSeq(7, 0, [100, 50], 3, "code")) == SpecDrafts([], [])  # a prompt
+    got = _ask(svc, A, SpecSeq(8, 0, [5, 6, 1, 2, 5, 6], 3, "code"))  # its own tokens first
+    assert got == SpecDrafts([_draft(8, 6, [1, 2, 5])], [])
+    assert svc.stats.drafts == {"table": 1, "prompt": 1}
+    assert svc.stats.draft_tokens["table"] == 3
+    tables.close()
+
+
+def test_an_evicted_sequence_teaches_nothing(tmp_path: Path) -> None:
+    tables = DomainTables(str(tmp_path), 1000, 2, 4)
+    svc = SpecService(LiveSequences(1, 10_000, 2, 4), SpecStats(), 64, tables)
+    _ask(svc, A, SpecSeq(1, 0, [1, 2, 3, 4], 0, "code"))
+    _ask(svc, A, SpecSeq(1, 4, [5, 6], 0))
+    _ask(svc, A, SpecSeq(2, 0, [1, 2, 3, 4], 0, "code"))  # the bound of one evicts seq 1
+    _ask(svc, A, SpecSeq(2, 4, [5, 6], 0))  # the domain stays without being repeated
+    svc.handle([A, ENC.encode(SpecEnd([1, 2]))])
+    tables.flush()
+    assert tables.learned == 1 and svc.stats.ends == 1
+    tables.close()
 
 
 # -- the process -----------------------------------------------------------------------------------
@@ -164,46 +201,89 @@ def _ready(proc: subprocess.Popen, log: Path) -> str:
     raise AssertionError(f"spec not ready in 15 s: {log.read_text()}")
 
 
-def test_process_drafts_metrics_and_sigterm(tmp_path: Path) -> None:
-    endpoint, metrics_port = f"tcp://127.0.0.1:{_free_port()}", _free_port()
+def _start(endpoint: str, tmp_path: Path, n: int, metrics_port: int) -> tuple:
     cmd = [sys.executable, "-m", "services.spec", "--endpoint", endpoint, "--ngram-min", "2"]
     cmd += ["--ngram-max", "4", "--max-seqs", "8", "--metrics-port", str(metrics_port)]
-    log = tmp_path / "spec.log"
-    ctx = zmq.Context()
+    cmd += ["--table-dir", str(tmp_path / "tables")]
+    log = tmp_path / f"spec-{n}.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stderr=f)
+        return subprocess.Popen(cmd, cwd=ROOT, stderr=f), log
+
+
+class _Worker:
+    """A DEALER that sends one message and waits (bounded) for the reply."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.dec = decoder(SpecToWorker)
+
+    def send(self, msg: SpecAsk | SpecEnd) -> None:
+        self.sock.send(ENC.encode(msg))
+
+    def ask(self, *seqs: SpecSeq) -> SpecDrafts:
+        self.send(SpecAsk(list(seqs)))
+        assert self.sock.poll(5000), f"no reply to {seqs!r}"
+        return self.dec.decode(self.sock.recv())
+
+
+def _wait_metric(port: int, name: str, value: float) -> None:
+    deadline = time.monotonic() + 10
+    while _metric(port, name) != value:
+        assert time.monotonic() < deadline, f"{name} != {value}: {_metric(port, name)}"
+        time.sleep(0.02)
+
+
+def test_process_drafts_tables_metrics_and_a_restart(tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    ctx = zmq.Context()
+    procs: list[subprocess.Popen] = []
     try:
+        port = _free_port()
+        proc, log = _start(endpoint, tmp_path, 0, port)
+        procs.append(proc)
         line = _ready(proc, log)
         assert f"spec: ready at {endpoint}, prompt lookup over n-grams 2..4" in line
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
-        dec = decoder(SpecToWorker)
-
-        def ask(msg: SpecAsk) -> SpecDrafts:
-            sock.send(ENC.encode(msg))
-            assert sock.poll(5000), f"no reply to {msg!r}"
-            return dec.decode(sock.recv())
-
-        got = ask(SpecAsk([SpecSeq(7, 0, [10, 11, 12, 13, 10, 11], 3)]))
+        assert f"domain tables at {tmp_path / 'tables'} (0 n-grams)" in line
+        w = _Worker(ctx, endpoint)
+        got = w.ask(SpecSeq(7, 0, [10, 11, 12, 13, 10, 11], 3))
         assert got == SpecDrafts([_draft(7, 6, [12, 13, 10])], [])
-        got = ask(SpecAsk([SpecSeq(7, 6, [12], 3), SpecSeq(8, 2, [1], 3)]))
+        got = w.ask(SpecSeq(7, 6, [12], 3), SpecSeq(8, 2, [1], 3))
         assert got == SpecDrafts([_draft(7, 7, [13, 10, 11])], [8])
-        sock.send(ENC.encode(SpecEnd([7])))
-        assert ask(SpecAsk([SpecSeq(7, 7, [13], 3)])) == SpecDrafts([], [7])  # forgotten
-        assert _metric(metrics_port, "skiff_spec_asks_total") == 3
-        assert _metric(metrics_port, "skiff_spec_seqs_asked_total") == 4
-        assert _metric(metrics_port, 'skiff_spec_drafts_total{source="prompt"}') == 2
-        assert _metric(metrics_port, 'skiff_spec_draft_tokens_total{source="prompt"}') == 6
-        assert _metric(metrics_port, "skiff_spec_unknown_total") == 2
-        assert _metric(metrics_port, "skiff_spec_ends_total") == 1
-        assert _metric(metrics_port, "skiff_spec_sequences") == 0
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
+        w.send(SpecEnd([7]))
+        assert w.ask(SpecSeq(7, 7, [13], 3)) == SpecDrafts([], [7])  # forgotten
+        for sid in (20, 21):  # the same output twice for the "code" table
+            w.ask(SpecSeq(sid, 0, [900, 901], 0, "code"), SpecSeq(sid, 2, [40, 41, 42, 43], 0))
+        w.send(SpecEnd([20, 21]))
+        _wait_metric(port, "skiff_spec_table_learned_total", 2)  # counted on a thread
+        table_draft = SpecDrafts([SpecDraft(22, 3, [42, 43], "table")], [])
+        assert w.ask(SpecSeq(22, 0, [902, 40, 41], 2, "code")) == table_draft
+        assert _metric(port, "skiff_spec_asks_total") == 6
+        assert _metric(port, "skiff_spec_seqs_asked_total") == 9
+        assert _metric(port, 'skiff_spec_drafts_total{source="prompt"}') == 2
+        assert _metric(port, 'skiff_spec_draft_tokens_total{source="prompt"}') == 6
+        assert _metric(port, 'skiff_spec_drafts_total{source="table"}') == 1
+        assert _metric(port, "skiff_spec_unknown_total") == 2
+        assert _metric(port, "skiff_spec_ends_total") == 3
+        assert _metric(port, "skiff_spec_sequences") == 1
+        ngrams = _metric(port, "skiff_spec_table_ngrams")
+        assert ngrams > 0
+        procs[-1].send_signal(signal.SIGTERM)
+        assert procs[-1].wait(10) == 0
+
+        proc, log = _start(endpoint, tmp_path, 1, _free_port())
+        procs.append(proc)
+        assert f"({int(ngrams)} n-grams)" in _ready(proc, log)  # the table outlived it
+        assert w.ask(SpecSeq(22, 2, [41], 2, "code")) == SpecDrafts([], [22])  # a new service
+        assert w.ask(SpecSeq(22, 0, [902, 40, 41], 2, "code")) == table_draft
+        procs[-1].send_signal(signal.SIGINT)
+        assert procs[-1].wait(10) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
         ctx.destroy(0)
 
 

@@ -1,1 +1,2 @@
-"""Speculation service: draft proposals for the workers' verification steps (prompt lookup)."""
+"""Speculation service: draft proposals for the workers' verification steps (prompt lookup and
+persistent domain n-gram tables)."""

@@ -1,9 +1,10 @@
 """`python -m services.spec --endpoint tcp://127.0.0.1:5598 [--max-seqs N] [--max-tokens T]
-[--ngram-min A] [--ngram-max B] [--metrics-port P]`
+[--ngram-min A] [--ngram-max B] [--table-dir D] [--table-max-ngrams N] [--metrics-port P]`
 
 Starts the spec service: a ROUTER that workers attach to, which keeps a copy of each speculating
-sequence's tokens and answers each ask with the drafts its proposers find (prompt lookup).
-Exits cleanly on SIGTERM or SIGINT.
+sequence's tokens and answers each ask with the drafts its proposers find (prompt lookup, then
+the persistent domain n-gram tables it learns from finished sequences). Exits cleanly on SIGTERM
+or SIGINT.
 """
 
 import sys

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 # Defaults: n-gram sizes 3..8 (prompt_lookup.py says why), and a bound on what the service
 # holds. Prompt lookup's index costs ~0.7 KB a token (n 3..8), so 2M tokens are ~1.4 GB.
@@ -11,6 +13,7 @@ NGRAM_MIN, NGRAM_MAX = 3, 8
 MAX_SEQS = 4096
 MAX_TOKENS = 2_000_000
 MAX_DRAFT = 64  # the longest draft answered, whatever k a worker asks (a reply stays small)
+TABLE_MAX_NGRAMS = 1_000_000  # the domain tables' entries, all domains (~100 MB on disk)
 
 
 @dataclass(frozen=True)
@@ -21,8 +24,15 @@ class SpecConfig:
     ngram_min: int = NGRAM_MIN
     ngram_max: int = NGRAM_MAX
     max_draft: int = MAX_DRAFT
+    table_dir: str = ""  # the domain tables' LMDB dir
+    table_max_ngrams: int = TABLE_MAX_NGRAMS  # 0: no domain tables
     metrics_port: int = 0  # 0: no Prometheus endpoint
     summary_interval_s: float = 30.0
+
+
+def default_table_dir() -> str:
+    root = os.environ.get("SKIFF_CACHE_DIR") or str(Path.home() / ".cache" / "skiff")
+    return os.path.join(root, "spec")
 
 
 def parse_spec_args(argv: list[str] | None, description: str | None = None) -> SpecConfig:
@@ -36,10 +46,19 @@ def parse_spec_args(argv: list[str] | None, description: str | None = None) -> S
     )
     p.add_argument("--ngram-min", type=int, default=NGRAM_MIN, help="shortest n-gram matched")
     p.add_argument("--ngram-max", type=int, default=NGRAM_MAX, help="longest n-gram matched")
+    p.add_argument("--table-dir", default=None, help="domain tables' dir ($SKIFF_CACHE_DIR/spec)")
+    p.add_argument(
+        "--table-max-ngrams",
+        type=int,
+        default=TABLE_MAX_NGRAMS,
+        help="domain tables' entries, all domains; 0 turns them off",
+    )
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1")
     a = p.parse_args(argv)
     if a.max_seqs < 1 or a.max_tokens < 1:
         p.error("--max-seqs and --max-tokens must be at least 1")
+    if a.table_max_ngrams < 0:
+        p.error("--table-max-ngrams must be >= 0")
     if not 1 <= a.ngram_min <= a.ngram_max:
         p.error(f"need 1 <= --ngram-min <= --ngram-max, got {a.ngram_min} and {a.ngram_max}")
     return SpecConfig(
@@ -48,5 +67,7 @@ def parse_spec_args(argv: list[str] | None, description: str | None = None) -> S
         max_tokens=a.max_tokens,
         ngram_min=a.ngram_min,
         ngram_max=a.ngram_max,
+        table_dir=os.path.expanduser(a.table_dir or default_table_dir()),
+        table_max_ngrams=a.table_max_ngrams,
         metrics_port=a.metrics_port,
     )

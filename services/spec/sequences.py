@@ -21,7 +21,7 @@ Key = tuple[bytes, int]  # (worker identity, seq id)
 @dataclass
 class LiveSeq:
     lookup: PromptLookup
-    domain: str  # "" : none
+    domain: str  # "": none; set by the first item that names one, changed by a later one
     prompt_len: int  # the tokens of its first copy: what comes after them is output
 
 
@@ -57,7 +57,7 @@ class LiveSequences:
             if kept is None:
                 return None
             self.tokens -= held
-            live.domain = seq.domain
+            live.domain = seq.domain or live.domain  # "" (the wire's default) keeps it
             live.prompt_len = min(live.prompt_len, kept)
         self.tokens += len(live.lookup)
         self._seqs.move_to_end(key)

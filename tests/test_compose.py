@@ -75,6 +75,14 @@ def test_workers_share_the_kvcache_segment_and_reach_its_endpoint() -> None:
         assert _flag(services[name]["command"], "--kvcache") == f"tcp://kvcache:{port}", name
 
 
+def test_workers_reach_the_spec_service() -> None:
+    services = _load(COMPOSE)["services"]
+    port = _flag(services["spec"]["command"], "--endpoint").rsplit(":", 1)[1]
+    for name in ("prefill", "decode"):
+        assert _flag(services[name]["command"], "--spec") == f"tcp://spec:{port}", name
+        assert "spec" in services[name]["depends_on"], name
+
+
 def test_workers_reach_the_gateway_by_service_name() -> None:
     services = _load(COMPOSE)["services"]
     gateway = services["gateway"]["command"]

@@ -24,8 +24,7 @@ def router():
     sock.setsockopt(zmq.LINGER, 0)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     yield ctx, sock, f"tcp://127.0.0.1:{port}"
-    sock.close()
-    ctx.term()
+    ctx.destroy(linger=0)  # the clients' sockets too, when a test failed before closing them
 
 
 def _seq(seq_id: int, prompt: list[int], out: list[int]) -> Sequence:
@@ -55,6 +54,15 @@ def test_tokens_go_up_once_and_current_drafts_are_taken(router) -> None:
     ctx, sock, endpoint = router
     client, _ = _client(ctx, endpoint)
     a, b = _seq(1, [5, 6, 7], [8]), _seq(2, [9, 9], [3])
+    fresh = _seq(3, [4, 4, 4], [])
+    client.introduce(fresh)  # a prompt goes up on arrival, nothing asked of it
+    who, ask = _recv(sock)
+    assert [(s.seq_id, s.start, s.tokens, s.k) for s in ask.seqs] == [(3, 0, [4, 4, 4], 0)]
+    sock.send_multipart([who, encoder().encode(SpecDrafts([]))])
+    deadline = time.monotonic() + 2
+    while client._out and time.monotonic() < deadline:  # its (empty) answer taken
+        client.collect({}, last_step_s=0.05)
+    assert not client._out
     client.ask([a, b])
     who, ask = _recv(sock)
     assert [(s.seq_id, s.start, s.tokens, s.k) for s in ask.seqs] == [
@@ -62,6 +70,7 @@ def test_tokens_go_up_once_and_current_drafts_are_taken(router) -> None:
     ]  # fmt: skip
     drafts = [SpecDraft(1, 4, [1, 2, 3, 4, 5, 6]), SpecDraft(2, 2, [7])]  # b's is stale
     sock.send_multipart([who, encoder().encode(SpecDrafts(drafts))])
+    assert client.sock.poll(2000)
     client.collect({1: a, 2: b}, last_step_s=0.05)
     assert a.draft == [1, 2, 3, 4] and a.draft_source == "prompt"  # cut to its k
     assert b.draft == [] and client.stats["stale"] == 1

@@ -118,7 +118,7 @@ def test_the_runner_fills_tokens_in_flight_through_the_staging(monkeypatch) -> N
         def __init__(self, n, inflight, row):
             self.num_computed, self.num_tokens = n - 1, n
             self.num_inflight, self.inflight_row = inflight, row
-            self.block_table = [1, 2]
+            self.block_table, self.num_verifying, self.draft = [1, 2], 0, []
             self.params = self.prompt_ids = self.output_ids = self.generator = None
 
         def token_slice(self, a, b):

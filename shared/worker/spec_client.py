@@ -77,6 +77,17 @@ class SpecClient:
         self._out.append(now)
         self.stats["asks"] += 1
 
+    def introduce(self, seq: Sequence) -> None:
+        """A new sequence's prompt, sent on arrival (k = 0: nothing proposed yet), so that the
+        service indexes it (milliseconds for a long prompt) while the prompt prefills, not
+        while a decode step waits for its first proposal."""
+        if self._down or seq.seq_id in self._sent:
+            return
+        item = SpecSeq(seq.seq_id, 0, seq.token_slice(0, seq.num_tokens), 0)
+        if self._send(SpecAsk([item])):
+            self._sent[seq.seq_id] = len(item.tokens)
+            self._out.append(time.monotonic())
+
     def end(self, seq_ids: list[int]) -> None:
         for sid in seq_ids:
             self._sent.pop(sid, None)

@@ -25,6 +25,7 @@ from shared.engine.draft_length import DraftLength
 from shared.engine.factory import EngineConfig, LoadedEngine, build_engine
 from shared.kv.block_io import tier_key
 from shared.kv.tier_client import TierClient
+from shared.ops.paged_attention import ROW_WISE_QUERIES
 from shared.protocol import (
     Abort,
     Generate,
@@ -156,6 +157,8 @@ class WorkerLoop:
             self.engine.check(seq)
             if self.tiers is None or not self.tiers.admit(seq):
                 self.engine.add(seq)
+            if self.spec is not None:
+                self.spec.introduce(seq)
         except ValueError as exc:
             self.control.send(Rejected(req.request_id, 400, str(exc)))
             return
@@ -291,8 +294,10 @@ def run_worker(cfg: WorkerConfig) -> int:
     tiers = _tiers(ctx, cfg, wid, loaded)
     spec = None
     if cfg.spec:
-        if cfg.spec_max_tokens < 1:
-            raise SystemExit(f"--spec-max-tokens must be at least 1, got {cfg.spec_max_tokens}")
+        if not 1 <= cfg.spec_max_tokens < ROW_WISE_QUERIES:  # longer: rows no longer exact
+            raise SystemExit(
+                f"--spec-max-tokens must be 1..{ROW_WISE_QUERIES - 1}, got {cfg.spec_max_tokens}"
+            )
         spec = SpecClient(ctx, cfg.spec, wid, lambda msg: log(wid, msg))
         log(wid, f"speculation: drafts of up to {cfg.spec_max_tokens} tokens from {cfg.spec}")
     loop = WorkerLoop(

@@ -4,6 +4,7 @@ W2 burst: C concurrent streaming requests, random-id prompts of 512 tokens, 256 
 (ignore_eos): output tok/s, TTFT p50/p99, TPOT p50/p99.
 W3 co-tenant stall: 7 streams (128-token prompts, 1,500 generated); after 3 s one 32,000-token
 prompt arrives: the streams' inter-token gaps before and during its prefill, and its TTFT.
+W3-cpu (BENCHMARKS.md): the same with --streams 3 --long-len 3000 (or 6000) on the CPU worker.
 
 Usage: python -m tools.bench_serving URL w2 --concurrency 16 64 256 [--vocab 128256]
        python -m tools.bench_serving URL w3
@@ -83,6 +84,16 @@ async def stream(
     return {"start": t0, "tokens": usage if usage is not None else n}
 
 
+def _steps(stamps: list[float], burst_s: float = 0.002) -> list[float]:
+    """Arrival times with the tokens of one engine step as one arrival: a verified draft's
+    tokens arrive together, and their sub-millisecond spacing is no gap between steps."""
+    out: list[float] = []
+    for t in stamps:
+        if not out or t - out[-1] > burst_s:
+            out.append(t)
+    return out
+
+
 def session() -> aiohttp.ClientSession:
     # keep-alive reuse produced spurious disconnects against llama-server (GPU.md)
     conn = aiohttp.TCPConnector(force_close=True, limit=0)
@@ -122,30 +133,49 @@ async def w2(url: str, c: int, vocab: int, prompt_len: int = 512, gen: int = 256
 
 
 async def w3(
-    url: str, vocab: int, long_len: int = 32000, streams: int = 7, long_text: bool = False
+    url: str,
+    vocab: int,
+    long_len: int = 32000,
+    streams: int = 7,
+    long_text: bool = False,
+    stream_prompt: int = 128,
+    stream_tokens: int = 1500,
+    settle_s: float = 3.0,
+    seed: int = 3,
 ) -> dict:
-    rng = random.Random(3)
+    """The streams are cancelled (the server aborts them) a second after the long prompt's
+    answer ends: what follows its prefill is not measured."""
+    rng = random.Random(seed)  # another seed: other prompts (no prefix-cache hit of a run)
     stamps: list[list[float]] = [[] for _ in range(streams)]
     long_stamps: list[float] = []
     async with session() as s:
         tasks = [
             asyncio.create_task(
-                stream(s, url, completion_body(random_prompt(rng, 128, vocab), 1500), st)
-            )
+                stream(
+                    s,
+                    url,
+                    completion_body(random_prompt(rng, stream_prompt, vocab), stream_tokens),
+                    st,
+                )
+            )  # fmt: skip
             for st in stamps
         ]
         long_prompt = (
             random_text(rng, long_len) if long_text else random_prompt(rng, long_len, vocab)
         )
         long_body = completion_body(long_prompt, 16)  # encoded before timing starts
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(settle_s)
         t_long = time.perf_counter()
-        long_task = asyncio.create_task(stream(s, url, long_body, long_stamps))
-        results = await asyncio.gather(*tasks, long_task)
+        long_result = await stream(s, url, long_body, long_stamps)
+        await asyncio.sleep(1.0)
+        for t in tasks:
+            t.cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        results = [r for r in done if isinstance(r, dict)] + [long_result]
     errors = [r["error"] for r in results if "error" in r]
     first = long_stamps[0] if long_stamps else float("nan")
     before, during = [], []
-    for st in stamps:
+    for st in map(_steps, stamps):
         for a, b in zip(st, st[1:], strict=False):
             if b <= t_long:
                 before.append(b - a)
@@ -178,6 +208,10 @@ async def main() -> None:
     p.add_argument("--label", default="")
     p.add_argument("--long-len", type=int, default=32000)
     p.add_argument("--long-text", action="store_true", help="W3's long prompt as text, not ids")
+    p.add_argument("--streams", type=int, default=7, help="W3's decoding streams")
+    p.add_argument("--stream-prompt", type=int, default=128, help="W3's streams' prompt tokens")
+    p.add_argument("--stream-tokens", type=int, default=1500, help="W3's streams' max tokens")
+    p.add_argument("--settle", type=float, default=3.0, help="W3: seconds before the long one")
     a = p.parse_args()
     runs = []
     if a.workload == "w2":
@@ -186,7 +220,10 @@ async def main() -> None:
             runs.append(await w2(a.url, c, a.vocab))
             print(json.dumps({"label": a.label, **runs[-1]}), flush=True)
     else:
-        runs.append(await w3(a.url, a.vocab, a.long_len, long_text=a.long_text))
+        runs.append(
+            await w3(a.url, a.vocab, a.long_len, a.streams, a.long_text, a.stream_prompt,
+                     a.stream_tokens, a.settle)
+        )  # fmt: skip
         print(json.dumps({"label": a.label, **runs[-1]}), flush=True)
 
 

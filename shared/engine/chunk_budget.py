@@ -1,50 +1,69 @@
 """How many prompt tokens a step may take while other requests are decoding.
 
 A long prompt's chunk lengthens every step it rides in, and so the gap between the tokens the
-decoding streams receive. ``ChunkBudget`` keeps those steps near a target duration with a
-feedback rule on the measured step times: a step over the allowed time that carried a
-near-full chunk shrinks the cap in proportion; a step well under it whose chunk filled the cap
-lets it grow by a quarter. Steps without decodes are not capped (nobody waits on them) and do
-not move it. The cap starts small so the first mixed step cannot be long.
+decoding streams receive. ``ChunkBudget`` sizes each chunk from what a step costs on this device
+(``StepCost``, fitted from the steps the worker runs and seeded by its start-up calibration):
+the largest chunk whose step is predicted to stay within the allowed time. Steps without decodes
+are not capped: nobody waits on them, and they take the largest chunk the step allows.
 
-The allowed time is the target, or twice the time the decodes take alone when that is longer
-(a running average of the steps that carried decodes and no prompt): a target the decodes
-alone miss cannot be met by shrinking the chunk, and chasing it would starve the prompt (on
-the H200 a 20 ms target with 17-24 ms decode steps cut chunks to 32 tokens and a 32k prompt's
-first token to 41 s). So the prompt always gets about half of such a step.
+The allowed time is twice the decodes' own step (the step the decoding streams would have
+without the prompt), and never under a floor (``floor_ms``, or the target given by
+``--step-target-ms``). So the prompt gets at least about half of every step it shares: its
+first token comes within about twice its unconstrained time, while the streams' gaps stay
+within about twice their gaps before it arrived. A fixed token count cannot do both on every
+device: 512 tokens is a 15 ms step on an H200 and 1.7 s on two CPU cores.
 """
 
 from __future__ import annotations
 
-__all__ = ["ChunkBudget"]
+from shared.engine.step_cost import StepCost, chunk_pairs
+
+__all__ = ["ChunkBudget", "FLOOR_MS"]
+
+FLOOR_MS = 20.0  # the allowed time of a step with decodes never goes under this
+# a chunk beside decodes gets at least this: past the 17 rows the CPU attends one by one
+MIN_TOKENS = 18
+COLD_TOKENS = 64  # a chunk's tokens before the cost model has seen steps of two sizes
 
 
 class ChunkBudget:
     def __init__(
-        self, target_ms: float, max_tokens: int, min_tokens: int = 32, start_tokens: int = 256
+        self,
+        max_tokens: int,
+        target_ms: float = 0.0,
+        floor_ms: float = FLOOR_MS,
+        min_tokens: int = MIN_TOKENS,
+        cost: StepCost | None = None,
     ) -> None:
-        if target_ms <= 0:
-            raise ValueError(f"target_ms must be positive, got {target_ms}")
-        self.target_ms = target_ms
+        """target_ms > 0 replaces floor_ms (a user's --step-target-ms); 0 keeps floor_ms."""
+        if target_ms < 0 or floor_ms <= 0:
+            raise ValueError(f"target_ms must be >= 0, floor_ms > 0: {target_ms}, {floor_ms}")
         self.max_tokens = max_tokens
+        self.floor_ms = target_ms if target_ms > 0 else floor_ms
         self.min_tokens = min(min_tokens, max_tokens)
-        self.cap = max(self.min_tokens, min(start_tokens, max_tokens))
-        self.decode_ms = 0.0  # running average of decode-only steps (0: none seen yet)
+        self.cost = cost or StepCost()
 
-    @property
-    def allowed_ms(self) -> float:
-        return max(self.target_ms, 2.0 * self.decode_ms)
+    def allowed_ms(self, tokens: int, pairs: int) -> float:
+        """The time a step whose decodes compute `tokens` rows over `pairs` may take."""
+        return max(self.floor_ms, 2.0 * self.cost.predict_ms(tokens, pairs))
 
-    def observe(self, had_decodes: bool, prefill_tokens: int, seconds: float) -> None:
-        """Account one finished step: whether it carried decodes, its prompt tokens, its time."""
-        if not had_decodes:
-            return
-        ms = seconds * 1e3
-        if prefill_tokens == 0:
-            self.decode_ms = ms if self.decode_ms == 0.0 else 0.8 * self.decode_ms + 0.2 * ms
-            return
-        allowed = self.allowed_ms
-        if ms > allowed and prefill_tokens * 2 >= self.cap:
-            self.cap = max(self.min_tokens, int(self.cap * 0.9 * allowed / ms))
-        elif ms < 0.8 * allowed and prefill_tokens >= self.cap:
-            self.cap = min(self.max_tokens, self.cap + max(1, self.cap // 4))
+    def chunk(self, tokens: int, pairs: int, prefix: int, want: int, allowed_ms: float) -> int:
+        """Tokens of a prompt chunk (at most `want`, after `prefix` computed tokens) to add to a
+        step that already holds `tokens` rows over `pairs`: the most that keep the predicted
+        step within allowed_ms, and never fewer than min_tokens."""
+        floor = min(want, self.min_tokens)
+        if not self.cost.ready:
+            return min(want, max(floor, COLD_TOKENS))
+        lo, hi = floor, min(want, self.max_tokens)
+        while lo < hi:  # the largest n that fits (predicted time grows with n)
+            mid = (lo + hi + 1) // 2
+            ms = self.cost.predict_ms(tokens + mid, pairs + chunk_pairs(mid, prefix))
+            if ms <= allowed_ms:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def observe(self, tokens: int, pairs: int, seconds: float) -> None:
+        """Account one finished step: its rows, its query-key pairs, its time."""
+        self.cost.observe(tokens, pairs, seconds)

@@ -22,6 +22,7 @@ from shared.engine.chunk_budget import ChunkBudget
 from shared.engine.model_runner import ModelRunner
 from shared.engine.scheduler import Scheduler
 from shared.engine.sequence import SeqStatus, Sequence, TokenEvent
+from shared.engine.step_cost import chunk_pairs
 from shared.kernels.host_copy import copy_to_host
 from shared.kv.block_manager import BlockManager
 from shared.sampling import SampleOutput
@@ -36,12 +37,12 @@ class _InFlight:
     device_out: SampleOutput  # read by the next step on the device
     host_out: SampleOutput  # pinned copies, valid once `ready` has passed
     ready: torch.cuda.Event | None
-    shape: tuple[bool, int]  # (carried decodes, prompt tokens): for the chunk budget
+    shape: tuple[int, int]  # (rows, query-key pairs): for the step cost model
 
 
-def _shape(work: list[tuple[Sequence, int]]) -> tuple[bool, int]:
-    """(whether a step carries decodes, how many prompt-chunk tokens it carries)."""
-    return any(n == 1 for _, n in work), sum(n for _, n in work if n > 1)
+def _shape(work: list[tuple[Sequence, int]]) -> tuple[int, int]:
+    """A scheduled step's rows and its attention's query-key pairs (before it advances)."""
+    return sum(n for _, n in work), sum(chunk_pairs(n, s.num_computed) for s, n in work)
 
 
 def _to_host(
@@ -84,8 +85,9 @@ class LLMEngine:
         overlap: bool = False,
         step_target_ms: float = 0.0,
     ) -> None:
-        """step_target_ms > 0 caps the prompt tokens of steps that carry decodes so those
-        steps last about that long (``ChunkBudget``); 0 leaves them at max_batch_tokens."""
+        """The prompt chunks of steps that carry decodes are sized by a ``ChunkBudget``:
+        step_target_ms 0 lets it keep such steps within twice the decodes' own time (at least
+        its floor), > 0 sets that floor, < 0 turns it off (chunks up to max_batch_tokens)."""
         if blocks.block_size != runner.kv.block_size:
             raise ValueError("the block manager and the KV pool disagree on the block size")
         self.runner = runner
@@ -95,7 +97,7 @@ class LLMEngine:
         self.scheduler = Scheduler(blocks, max_model_len, max_batch_tokens, max_seqs)
         self._inflight: _InFlight | None = None
         self.chunk_budget = (
-            ChunkBudget(step_target_ms, max_batch_tokens) if step_target_ms > 0 else None
+            ChunkBudget(max_batch_tokens, target_ms=step_target_ms) if step_target_ms >= 0 else None
         )
         self._resolved_at = 0.0  # when the last overlapped step's ids arrived
         self._ids_ring = PinnedRing()  # pinned buffers the sampled ids are stored into
@@ -136,9 +138,10 @@ class LLMEngine:
             prev, self._inflight = self._inflight, None
             return self._resolve(prev)
         start = time.perf_counter()
-        work = self.scheduler.schedule(prefill_cap=self._cap())
+        work = self.scheduler.schedule(budget=self.chunk_budget)
         if not work:
             return []
+        shape = _shape(work)
         sampled, out = self.runner.run(work)
         host = _HostOut.of(out)
         if speculating:
@@ -151,7 +154,8 @@ class LLMEngine:
                 if seq.status is SeqStatus.RUNNING:
                     self.scheduler.trim(seq)
         if self.chunk_budget is not None:
-            self.chunk_budget.observe(*_shape(work), time.perf_counter() - start)
+            # a verified step computed every draft row, kept or not
+            self.chunk_budget.observe(*shape, time.perf_counter() - start)
         return events
 
     def _speculating(self) -> bool:
@@ -182,14 +186,11 @@ class LLMEngine:
             row += d + 1
         return [(s, n - rejected.get(s.seq_id, 0)) for s, n in work]
 
-    def _cap(self) -> int | None:
-        return self.chunk_budget.cap if self.chunk_budget is not None else None
-
     def _step_overlapped(self) -> list[TokenEvent]:
         prev = self._inflight
         work = None
         if prev is None or not any(s.params.has_penalties for s in self.scheduler.running):
-            work = self.scheduler.schedule(can_preempt=prev is None, prefill_cap=self._cap())
+            work = self.scheduler.schedule(can_preempt=prev is None, budget=self.chunk_budget)
         if work is None:  # penalties or a preemption need the in-flight ids first
             self._inflight = None
             return self._resolve(prev) if prev else []

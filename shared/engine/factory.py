@@ -40,7 +40,7 @@ class EngineConfig:
     max_seqs: int = 256
     cuda_graphs: str = "all"  # CUDA steps replayed from graphs: all, decode (steps) or off
     overlap: bool = False  # prepare step N+1 on the CPU while the device runs step N
-    step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
+    step_target_ms: float = 0.0  # steps with decodes: 0 auto (2x theirs), > 0 floor, < 0 off
     dense_copies: str = "auto"  # auto / on / off: dense copies of packed weights (big batches)
     # CPU: quantized linears as torch's int4 planes (int4_linear), else float copies ("float")
     cpu_weights: str = "int4"
@@ -140,6 +140,5 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         overlap=cfg.overlap,
         step_target_ms=cfg.step_target_ms,
     )
-    if on_cuda:
-        warm_up(engine, cfg.device)
+    warm_up(engine, cfg.device)
     return LoadedEngine(engine, tokenizer, f)

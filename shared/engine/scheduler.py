@@ -1,30 +1,33 @@
 """Scheduler: which sequences run in the next step, and how many of their tokens.
 
 Per step a token budget: sequences that are decoding go first, then prompt chunks (chunked
-prefill) of running and newly admitted requests fill the rest. A newly admitted prompt first
-takes whatever full blocks of it the prefix cache holds and skips their computation. When a
-running sequence cannot grow, the newest running sequence is preempted (its blocks are freed
-but stay cached, so recomputing it mostly hits the prefix cache) rather than failing anyone.
-
-A chunk over a long cached prefix costs more per token (its attention reads the whole prefix),
-so while others decode, a step carrying one is kept to ``long_prefix_step`` tokens: on the H200
-a 512-token step over a 16k prefix took 40-48 ms, a 256-token one about 19 ms, and W3's
-decoding streams wait that long for each token (BENCHMARKS.md 2026-11-30 (n)).
+prefill) of running and newly admitted requests fill the rest. Beside decodes, a chunk is sized
+by the ``ChunkBudget`` so the decoding streams' step stays short on whatever device this is.
+Prompts take turns by how much of them has been computed (``_prompt_order``). A newly admitted
+prompt first takes whatever full blocks of it the prefix cache holds and skips their
+computation. When a running sequence cannot grow, the newest running sequence is preempted
+(its blocks are freed but stay cached, so recomputing it mostly hits the prefix cache) rather
+than failing anyone.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from shared.engine.chunk_budget import ChunkBudget
 from shared.engine.sequence import SeqStatus, Sequence
+from shared.engine.step_cost import chunk_pairs
 from shared.kv.block_manager import ROOT_HASH, BlockManager
 
 Work = list[tuple[Sequence, int]]  # (sequence, tokens to compute in this step)
 
 
-LONG_PREFIX = 8192  # cached tokens before a chunk counts as long
-LONG_PREFIX_STEP = 256  # tokens of a step that carries decodes and a long-prefix chunk
-LONG_PREFIX_MIN_CHUNK = 32  # such a chunk's least tokens, however many decodes there are
+PREFILL_QUANTUM = 2048  # prompt tokens a prompt computes before it yields to less-served ones
+
+
+def _served(seq: Sequence) -> int:
+    """Prompt tokens this sequence has computed itself (not taken from the prefix cache)."""
+    return max(0, seq.num_computed - seq.num_cached_tokens)
 
 
 class Scheduler:
@@ -34,16 +37,12 @@ class Scheduler:
         max_model_len: int,
         max_batch_tokens: int,
         max_seqs: int,
-        long_prefix_step: int = LONG_PREFIX_STEP,
     ) -> None:
-        """long_prefix_step: tokens of a step with decodes and a chunk over LONG_PREFIX cached
-        tokens (0: no such limit)."""
         self.blocks = blocks
         self.block_size = blocks.block_size
         self.max_model_len = max_model_len
         self.max_batch_tokens = max_batch_tokens
         self.max_seqs = max_seqs
-        self.long_prefix_step = long_prefix_step
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -77,58 +76,85 @@ class Scheduler:
         seq.block_table = []
         seq.block_hashes = []
 
-    def schedule(self, can_preempt: bool = True, prefill_cap: int | None = None) -> Work | None:
+    def schedule(self, can_preempt: bool = True, budget: ChunkBudget | None = None) -> Work | None:
         """The next step's work. With can_preempt False (tokens in flight, whose ids a
-        recompute would need), returns None instead of preempting anyone. prefill_cap limits
-        the prompt tokens of a step that also carries decodes."""
-        budget = self.max_batch_tokens
+        recompute would need), returns None instead of preempting anyone. With a budget, the
+        prompt chunks of a step that also carries decodes are sized to keep it short."""
+        left = self.max_batch_tokens
+        load = [0, 0]  # the step's rows and query-key pairs so far
         work: Work = []
-        decodes = 0
-        for seq in sorted(self.running, key=lambda s: s.num_pending):
-            if seq.status is not SeqStatus.RUNNING or budget == 0 or seq.sampling_done:
+        for seq in list(self.running):
+            if seq.status is not SeqStatus.RUNNING or seq.sampling_done or left == 0:
                 continue
-            if seq.num_pending > 1 and decodes and prefill_cap is not None:
-                budget = min(budget, prefill_cap)  # decodes come first: the rest is prompts
-                prefill_cap = None
-            decodes += seq.num_pending == 1
-            n = min(seq.num_pending, budget)
-            if seq.num_pending > 1 and decodes:
-                n = self._long_prefix_cap(seq, n, budget)
-            if n == 0:
+            if seq.num_pending != 1:
                 continue
-            n += self._verifying(seq, budget - n)
-            while not self._reserve(seq, seq.num_computed + n):
-                if not can_preempt:
-                    return None
-                victim = self.running[-1]
-                self._preempt(victim)
-                if victim is seq:
-                    break
+            n = 1 + self._verifying(seq, left - 1)
+            if not self._place(seq, n, can_preempt):
+                return None
             if seq.status is SeqStatus.RUNNING:
                 work.append((seq, n))
-                budget -= n
+                left -= n
         # a sequence scheduled above may have been preempted for a later one
         work = [(s, n) for s, n in work if s.status is SeqStatus.RUNNING]
-        if decodes and prefill_cap is not None:
-            budget = min(budget, prefill_cap)
-        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
-            seq = self.waiting[0]
-            if not seq.block_table:
-                self._match_prefix(seq)
-            n = min(seq.num_pending, budget)
-            if decodes:
-                n = self._long_prefix_cap(seq, n, budget)
-            if not self._reserve(seq, seq.num_computed + n):
-                # a waiting sequence holds nothing: its prefix hits go back to the cache
-                self.release(seq)
-                seq.num_computed = 0
+        for seq, n in work:
+            load[0] += n
+            load[1] += chunk_pairs(n, seq.num_computed)
+        allowed = budget.allowed_ms(*load) if budget is not None and work else None
+        admitting = True
+        for seq in self._prompt_order():
+            if left == 0:
                 break
-            self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
-            self.running.append(seq)
-            work.append((seq, n))
-            budget -= n
-        return work
+            waiting = seq.status is SeqStatus.WAITING
+            seq.num_verifying = 0
+            if waiting and not (admitting and len(self.running) < self.max_seqs):
+                continue
+            if not waiting and (seq.status is not SeqStatus.RUNNING or seq.num_pending < 1):
+                continue  # preempted above, or nothing to compute
+            if waiting and not seq.block_table:
+                self._match_prefix(seq)
+            n = min(seq.num_pending, left)
+            if allowed is not None:
+                n = budget.chunk(load[0], load[1], seq.num_computed, n, allowed)
+            if waiting:
+                if not self._reserve(seq, seq.num_computed + n):
+                    # a waiting sequence holds nothing: its prefix hits go back to the cache
+                    self.release(seq)
+                    seq.num_computed = 0
+                    admitting = False  # later prompts do not overtake it
+                    continue
+                self.waiting.remove(seq)
+                seq.status = SeqStatus.RUNNING
+                self.running.append(seq)
+            elif not self._place(seq, n, can_preempt):
+                return None
+            if seq.status is SeqStatus.RUNNING:
+                work.append((seq, n))
+                left -= n
+                load[0] += n
+                load[1] += chunk_pairs(n, seq.num_computed)
+        return [(s, n) for s, n in work if s.status is SeqStatus.RUNNING]
+
+    def _place(self, seq: Sequence, n: int, can_preempt: bool) -> bool:
+        """Reserves blocks for a running sequence's n more tokens, preempting the newest
+        running sequences (seq itself last) for room; False where that needs a preemption
+        and can_preempt is False."""
+        while not self._reserve(seq, seq.num_computed + n):
+            if not can_preempt:
+                return False
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                break
+        return True
+
+    def _prompt_order(self) -> list[Sequence]:
+        """Prompts to compute, running ones before waiting ones, in classes of how much prompt
+        they have computed so far (PREFILL_QUANTUM tokens a class): first come, first served
+        within a class, and a prompt that has had its quantum yields to those that have had
+        less. A short prompt arriving during a long one's prefill starts at once; several long
+        ones take turns by quanta, none waiting for another to end."""
+        prompts = [s for s in self.running if s.num_pending > 1] + list(self.waiting)
+        return sorted(prompts, key=lambda s: _served(s) // PREFILL_QUANTUM)
 
     def _verifying(self, seq: Sequence, budget: int) -> int:
         """Draft tokens a decoding sequence's step verifies: its proposal, within the budget,
@@ -150,15 +176,6 @@ class Scheduler:
         if len(seq.block_table) > keep:
             self.blocks.free(seq.block_table[keep:])
             del seq.block_table[keep:]
-
-    def _long_prefix_cap(self, seq: Sequence, n: int, budget: int) -> int:
-        """A prompt chunk's tokens in a step that carries decodes: over a long cached prefix,
-        the step stays within long_prefix_step tokens (the chunk gets at least
-        LONG_PREFIX_MIN_CHUNK)."""
-        if not self.long_prefix_step or seq.num_computed < LONG_PREFIX:
-            return n
-        used = self.max_batch_tokens - budget
-        return min(n, max(self.long_prefix_step - used, LONG_PREFIX_MIN_CHUNK))
 
     def after_step(self, work: Work) -> None:
         """Advance what was computed and name the blocks that became full."""

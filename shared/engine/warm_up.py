@@ -5,6 +5,11 @@ pinned host buffers and the sampler's greedy and random paths are first used in 
 On the H200 the first mixed step of every fresh server took 175-267 ms (BENCHMARKS.md
 2026-11-30 (o)), after the step graphs had been captured and replayed once. This is the
 engine's whole path, prompt chunk to sampled tokens, once greedy and once sampled.
+
+Then a calibration: prompts of three lengths, one after another, each decoding a few tokens,
+give the step cost model (``StepCost``) its first steps of several sizes, so that the chunk
+budget sizes the first long prompt beside decodes from this device's numbers, not a guess.
+The warm-up's own steps (first launches, first allocations) are left out of the model.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from shared.engine.sequence import Sequence
 from shared.sampling import SamplingParams, make_generator
 
 WARM_UP_IDS = (-1, -2)  # sequence ids no request gets (the worker counts from 0)
+CALIBRATION_LENGTHS = (8, 64, 192)  # prompt tokens (at most the step's budget)
 
 
 def warm_up(engine: LLMEngine, device: str, token_id: int = 1) -> None:
@@ -24,6 +30,20 @@ def warm_up(engine: LLMEngine, device: str, token_id: int = 1) -> None:
     for seq_id, params in zip(WARM_UP_IDS, (greedy, sampled), strict=True):
         gen = make_generator(params.seed, device)
         engine.add(Sequence(seq_id, [token_id] * 20, params, 3, generator=gen))
+    _run(engine)
+    budget = engine.chunk_budget
+    if budget is None:
+        return
+    budget.cost.reset()
+    limit = engine.scheduler.max_batch_tokens
+    for i, n in enumerate(CALIBRATION_LENGTHS):
+        # ids apart from the warm-up's and each other's: no prefix hit shortens a prompt
+        ids = [token_id + 1 + (i * 7 + j) % 23 for j in range(min(n, limit))]
+        engine.add(Sequence(-3 - i, ids, greedy, 4))
+        _run(engine)
+
+
+def _run(engine: LLMEngine) -> None:
     while engine.has_work():
         engine.step()
     engine.check_integrity()

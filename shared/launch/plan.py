@@ -123,7 +123,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--step-target-ms",
         type=float,
         default=None,
-        help="workers keep steps that carry decodes near this duration (prompt chunk cap)",
+        help="workers keep steps that carry decodes within twice the decodes' own time and at "
+        "least this many ms (default 20; -1: prompt chunks up to --max-batch-tokens)",
     )
     p.add_argument(
         "--dense-copies",

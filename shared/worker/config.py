@@ -25,7 +25,7 @@ class WorkerConfig:
     max_model_len: int = 0  # 0: the model's context, capped
     max_batch_tokens: int = 512  # the H200's W2/W3 runs (BENCHMARKS.md 2026-11-30 (m)-(o))
     overlap: bool = True  # prepare step N+1 on the CPU while the device runs step N
-    step_target_ms: float = 0.0  # > 0: cap prompt chunks beside decodes to about this step time
+    step_target_ms: float = 0.0  # steps with decodes: 0 auto (2x theirs), > 0 floor, < 0 off
     dense_copies: str = "auto"  # dense copies of packed weights for big batches (auto/on/off)
     cuda_graphs: str = "all"  # steps replayed from CUDA graphs: all, decode or off
     cpu_weights: str = "int4"  # CPU: quantized linears as int4 planes, or float copies ("float")
@@ -102,8 +102,9 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         "--step-target-ms",
         type=float,
         default=0.0,
-        help="keep steps that carry decodes near this duration by capping their prompt chunk "
-        "(0: no cap beyond --max-batch-tokens)",
+        help="steps that carry decodes take prompt chunks that keep them within twice the "
+        "decodes' own step time and at least this many ms (0, the default: 20 ms; -1: no cap "
+        "beyond --max-batch-tokens)",
     )
     p.add_argument(
         "--dense-copies",

@@ -11,12 +11,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 HERE=$PWD
-export PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-cache SKIFF_QMATMUL_TUNE=0
+export PYTHONUNBUFFERED=1 SKIFF_CACHE_DIR=/tmp/skiff-cache
 source tools/gpu_cache.sh; cache_restore
 W1_TYPES=${W1_TYPES:-q4_k_m}
 MODEL=/tmp/l3-q4_k_m.gguf
 R="$OUT/results.jsonl"; touch "$R"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+{ date -u; echo "commit ${SKIFF_COMMIT:-unknown}"; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
 for t in $W1_TYPES; do  # the files, written in the background while the tests run
@@ -24,7 +24,7 @@ for t in $W1_TYPES; do  # the files, written in the background while the tests r
     /tmp/l3-$t.gguf --type $t > "$OUT/model-$t.txt" 2>&1 &)
 done
 if [ "${TESTS_S:-0}" -gt 0 ]; then
-  PYTHONPATH=/tmp/site:$HERE timeout "$TESTS_S" python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
+  SKIFF_QMATMUL_TUNE=0 PYTHONPATH=/tmp/site:$HERE timeout "$TESTS_S" python3 -m pytest -m gpu -q -rs -p no:cacheprovider \
     -p no:benchmark --tb=short -n 8 ${TEST_FILES:-tests/test_gpu_model.py} 2>&1 | tail -25 \
     | tee "$OUT/pytest-gpu.log"
 fi

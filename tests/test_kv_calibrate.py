@@ -70,8 +70,9 @@ def test_calibration_needs_a_head_scaled_fp8_pool(smollm2) -> None:
 
 def test_engine_calibrates_and_generates(smollm2_path) -> None:
     """build_engine with fp8 and per-head scales: a calibrated pool, and greedy output that
-    follows fp16 KV's (measured: the first 11 of 12 tokens; the 12th is a near-tie that FP8
-    rounding flips, so 8 are asserted)."""
+    follows fp16 KV's (measured: the first 11 of 12 tokens on one machine; on another, whose
+    CPU kernels round float16 otherwise, the first 4, then a near-tie that FP8 rounding flips,
+    at every commit back to 1cc07d8: 4 are asserted)."""
     from shared.engine import Sequence
     from shared.engine.factory import EngineConfig, build_engine
     from shared.sampling import SamplingParams
@@ -93,4 +94,4 @@ def test_engine_calibrates_and_generates(smollm2_path) -> None:
             tokens += [e.token_id for e in loaded.engine.step()]
         outputs[kv_dtype] = tokens
     assert len(outputs["fp8"]) == 12
-    assert outputs["fp8"][:8] == outputs["float16"][:8]
+    assert outputs["fp8"][:4] == outputs["float16"][:4]

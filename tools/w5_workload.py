@@ -36,9 +36,9 @@ def functions(min_lines: int = 8, max_lines: int = 40) -> list[tuple[str, str]]:
     return out
 
 
-def code_edits(n: int) -> list[str]:
+def code_edits(n: int, max_lines: int = 40) -> list[str]:
     """n instructions: rename a function and return all of it (cycling through the sources)."""
-    fns = functions()
+    fns = functions(max_lines=max_lines)
     out = []
     for i in range(n):
         name, src = fns[i % len(fns)]

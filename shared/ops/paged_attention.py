@@ -39,6 +39,7 @@ def paged_attention_ref(
     sequence's keys are gathered once, whatever the number of its queries."""
     out = torch.empty_like(q)
     w = sliding_window
+    dtypes = (k_cache.dtype, v_cache.dtype)
     for b, n_keys in enumerate(seq_lens):
         q0, q1 = query_start_loc[b], query_start_loc[b + 1]
         n_query = q1 - q0
@@ -48,14 +49,14 @@ def paged_attention_ref(
         first = max(0, n_keys - n_query - w + 1) if w else 0
         k, v = _keys(k_cache, v_cache, block_tables[b], first, n_keys)
         if n_query > ROW_WISE_QUERIES:
-            out[q0:q1] = _attend(q[q0:q1], k, v, n_keys, first, scale, w, k_cache.dtype)
+            out[q0:q1] = _attend(q[q0:q1], k, v, n_keys, first, scale, w, dtypes)
             continue
         for j in range(n_query):
             keys = n_keys - n_query + 1 + j
             start = max(0, keys - w) if w else 0  # as a decode step's first key
             kj, vj = k[start - first : keys - first], v[start - first : keys - first]
             out[q0 + j] = _attend(q[q0 + j : q0 + j + 1], kj, vj, keys, start, scale, w,
-                                  k_cache.dtype)[0]  # fmt: skip
+                                  dtypes)[0]  # fmt: skip
     return out
 
 
@@ -82,14 +83,15 @@ def _attend(
     first: int,
     scale: float,
     sliding_window: int,
-    cache_dtype: torch.dtype,
+    dtypes: tuple[torch.dtype, torch.dtype],
 ) -> torch.Tensor:
     """One sequence's queries q [n_query, n_heads, D], the last n_query of its n_keys keys,
-    over its keys and values first..n_keys (k, v: [n_keys - first, n_kv_heads, D])."""
+    over its keys and values first..n_keys (k, v: [n_keys - first, n_kv_heads, D], float32),
+    read from caches of dtypes (K's, V's)."""
     n_kv_heads, dim = k.shape[1], k.shape[2]
     n_query, group = q.shape[0], q.shape[1] // n_kv_heads
     masked = n_query > 1 or (sliding_window and n_keys - first > sliding_window)
-    if cache_dtype == torch.float32:
+    if q.dtype == dtypes[0] == dtypes[1] == torch.float32:
         # nothing to round: torch's fused attention, which never holds the scores of every
         # head (2 cores, 32 queries over 6,000 keys: 7.7 ms a layer against 12.4 unfused;
         # a 512-token chunk over 3,000: 35 against 142)
@@ -102,14 +104,14 @@ def _attend(
     # operands are rounded to the cache dtype, as a tensor-core kernel over this cache does.
     # A KV head's query heads (g) and rows side by side: [kv heads, g * n_query, D] against
     # its keys [kv heads, D, keys], so the keys are not repeated per query head
-    qb = q.to(cache_dtype).float().reshape(n_query, n_kv_heads, group, dim)
+    qb = q.to(dtypes[0]).float().reshape(n_query, n_kv_heads, group, dim)
     qb = qb.permute(1, 2, 0, 3).reshape(n_kv_heads, group * n_query, dim)
     scores = torch.matmul(qb, k.permute(1, 2, 0)).mul_(scale)
     if masked:
         allowed = _allowed(n_query, n_keys, first, sliding_window, q.device)
         scores = scores.view(n_kv_heads, group, n_query, -1).masked_fill(~allowed, -torch.inf)
         scores = scores.view(n_kv_heads, group * n_query, -1)
-    probs = torch.softmax(scores, dim=-1).to(cache_dtype).float()
+    probs = torch.softmax(scores, dim=-1).to(dtypes[1]).float()
     o = torch.matmul(probs, v.transpose(0, 1)).view(n_kv_heads, group, n_query, dim)
     return o.permute(2, 0, 1, 3).reshape(n_query, -1, dim).to(q.dtype)
 

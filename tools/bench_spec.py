@@ -1,0 +1,126 @@
+"""W5 (BENCHMARKS.md) on the CPU worker: n-gram speculation on code edits and on prose, single
+stream, `skiff serve` with `--spec off` against its default (`--spec ngram`), same run.
+
+Per configuration a server is started (KV tiers off), the prompts of tools/w5_workload are asked
+one at a time (greedy, streamed), and the gateway's /metrics gives the drafted and accepted
+tokens and the verified steps. Decode tok/s is a request's tokens after its first over the time
+from its first to its last. A benchmark, not a test.
+
+Usage: python -m tools.bench_spec MODEL.gguf [--prompts 10] [--max-tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from tools.bench_serving import session, stream
+from tools.bench_stall import _up
+from tools.w5_workload import code_edits, prose
+
+CONFIGS = {"off": ("--spec", "off"), "ngram": ()}
+SERVE = ("--kv-ram-gb", "0", "--kv-disk-gb", "0")
+
+
+def _body(prompt: str, max_tokens: int) -> bytes:
+    body = {"prompt": f"{prompt}\n\nAnswer:\n", "max_tokens": max_tokens, "stream": True,
+            "temperature": 0.0, "stream_options": {"include_usage": True}}  # fmt: skip
+    return json.dumps(body).encode()
+
+
+def _spec_counts(url: str) -> dict[str, float]:
+    time.sleep(0.7)  # a heartbeat carries the worker's counts
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("skiff_spec_tokens{"):
+            labels = dict(kv.split("=") for kv in line[line.index("{") + 1 : line.index("}")]
+                          .replace('"', "").split(","))  # fmt: skip
+            key = f"{labels['event']}:{labels.get('source', '')}".rstrip(":")
+            out[key] = out.get(key, 0.0) + float(line.split()[-1])
+    return out
+
+
+async def _ask(url: str, prompts: list[str], max_tokens: int) -> list[float]:
+    rates = []
+    async with session() as s:
+        for p in prompts:
+            stamps: list[float] = []
+            r = await stream(s, url, _body(p, max_tokens), stamps)
+            if "error" in r:
+                raise RuntimeError(r["error"])
+            if len(stamps) > 2 and r["tokens"] > 1:
+                rates.append((r["tokens"] - 1) / (stamps[-1] - stamps[0]))
+    return rates
+
+
+def run(model: Path, config: str, port: int, a: argparse.Namespace) -> list[dict]:
+    argv = [sys.executable, "-m", "shared.cli", "serve", str(model), "--devices", "cpu",
+            "--port", str(port), *SERVE, *CONFIGS[config]]  # fmt: skip
+    log = open(Path(a.logs) / f"spec-{model.stem}-{config}.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    out = []
+    try:
+        _up(url, proc)
+        asyncio.run(_ask(url, prose(1), 8))  # warm-up
+        for name, prompts in (("code-edit", code_edits(a.prompts)), ("prose", prose(a.prompts))):
+            before = _spec_counts(url)
+            rates = asyncio.run(_ask(url, prompts, a.max_tokens))
+            after = _spec_counts(url)
+            delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+            steps = delta.get("steps", 0.0)
+            accepted = sum(v for k, v in delta.items() if k.startswith("accepted"))
+            r = {
+                "model": model.name,
+                "config": config,
+                "workload": name,
+                "decode_tok_s_median": round(statistics.median(rates), 2),
+                "decode_tok_s_mean": round(statistics.fmean(rates), 2),
+                "verified_steps": steps,
+                "accepted_per_verified_step": round(accepted / steps, 3) if steps else 0.0,
+                "by_source": {k: v for k, v in delta.items() if v},
+            }
+            print(json.dumps(r), flush=True)
+            out.append(r)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("model", type=Path)
+    p.add_argument("--prompts", type=int, default=10)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--port", type=int, default=8125)
+    p.add_argument("--logs", default="/tmp")
+    a = p.parse_args(argv)
+    rows = [r for c in CONFIGS for r in run(a.model, c, a.port, a)]
+    print("\n| model | workload | off tok/s | ngram tok/s | speed-up | accepted / verified step |")
+    for w in ("code-edit", "prose"):
+        off = next(r for r in rows if r["config"] == "off" and r["workload"] == w)
+        on = next(r for r in rows if r["config"] == "ngram" and r["workload"] == w)
+        x = on["decode_tok_s_mean"] / off["decode_tok_s_mean"]
+        print(f"| {a.model.name} | {w} | {off['decode_tok_s_mean']} | {on['decode_tok_s_mean']} "
+              f"| {x:.2f}x | {on['accepted_per_verified_step']} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -142,6 +142,7 @@ async def w3(
     stream_tokens: int = 1500,
     settle_s: float = 3.0,
     seed: int = 3,
+    min_before: int = 0,
 ) -> dict:
     """The streams are cancelled (the server aborts them) a second after the long prompt's
     answer ends: what follows its prefill is not measured."""
@@ -165,6 +166,10 @@ async def w3(
         )
         long_body = completion_body(long_prompt, 16)  # encoded before timing starts
         await asyncio.sleep(settle_s)
+        # a loaded machine may not have started every stream yet: gaps before are needed
+        deadline = time.perf_counter() + 120
+        while min(map(len, stamps)) < min_before and time.perf_counter() < deadline:
+            await asyncio.sleep(0.1)
         t_long = time.perf_counter()
         long_result = await stream(s, url, long_body, long_stamps)
         await asyncio.sleep(1.0)

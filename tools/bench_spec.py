@@ -14,17 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from tools.bench_serving import session, stream
-from tools.bench_stall import _up
+from tools.cpu_server import cpu_server
 from tools.w5_workload import code_edits, prose
 
 CONFIGS = {"off": ("--spec", "off"), "ngram": ()}
@@ -65,14 +62,9 @@ async def _ask(url: str, prompts: list[str], max_tokens: int) -> list[float]:
 
 
 def run(model: Path, config: str, port: int, a: argparse.Namespace) -> list[dict]:
-    argv = [sys.executable, "-m", "shared.cli", "serve", str(model), "--devices", "cpu",
-            "--port", str(port), *SERVE, *CONFIGS[config]]  # fmt: skip
-    log = open(Path(a.logs) / f"spec-{model.stem}-{config}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     out = []
-    try:
-        _up(url, proc)
+    log = Path(a.logs) / f"spec-{model.stem}-{config}.log"
+    with cpu_server(model, port, (*SERVE, *CONFIGS[config]), log) as url:
         asyncio.run(_ask(url, prose(1), 8))  # warm-up
         for name, prompts in (("code-edit", code_edits(a.prompts)), ("prose", prose(a.prompts))):
             before = _spec_counts(url)
@@ -93,13 +85,6 @@ def run(model: Path, config: str, port: int, a: argparse.Namespace) -> list[dict
             }
             print(json.dumps(r), flush=True)
             out.append(r)
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
     return out
 
 

@@ -13,45 +13,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from tools.bench_serving import w3
+from tools.cpu_server import cpu_server
 
 CONFIGS = {"auto": (), "fixed": ("--step-target-ms", "-1")}
 # the scheduling alone: no KV tiers (a run's prompts restored from disk would skip prefills)
 SERVE = ("--kv-ram-gb", "0", "--kv-disk-gb", "0")
 
 
-def _up(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"skiff serve exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if json.loads(r.read()).get("workers", 0) >= 1:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("no worker ready")
-
-
 def run(model: Path, config: str, port: int, a: argparse.Namespace) -> list[dict]:
-    argv = [sys.executable, "-m", "shared.cli", "serve", str(model), "--devices", "cpu",
-            "--port", str(port), *SERVE, *CONFIGS[config], *a.serve_args]  # fmt: skip
-    log = open(Path(a.logs) / f"stall-{model.stem}-{config}.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    args = (*SERVE, *CONFIGS[config], *a.serve_args)
+    log = Path(a.logs) / f"stall-{model.stem}-{config}.log"
     out = []
-    try:
-        _up(url, proc)
+    with cpu_server(model, port, args, log) as url:
         for i, long_len in enumerate(a.long_len):
             seed = 100 * list(CONFIGS).index(config) + i  # prompts of their own: no cache hits
             r = asyncio.run(
@@ -61,13 +38,6 @@ def run(model: Path, config: str, port: int, a: argparse.Namespace) -> list[dict
             r = {"model": model.name, "config": config, "long_len": long_len, **r}
             print(json.dumps(r), flush=True)
             out.append(r)
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
     return out
 
 

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -35,6 +36,21 @@ def http_json(
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"{}")
+
+
+def start_service(module: str, *args: str) -> subprocess.Popen:
+    """`python -m module args` (a service that logs a ready line to stderr), returned once that
+    line is out; its log goes on to this process's stderr (pytest shows it with a failure)."""
+    argv = [sys.executable, "-m", module, *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    lines = [proc.stderr.readline()]
+    while "ready" not in lines[-1] and lines[-1] and len(lines) < 20:
+        lines.append(proc.stderr.readline())
+    assert "ready" in lines[-1], "".join(lines)
+    echo = proc.stderr
+    threading.Thread(target=lambda: [sys.stderr.write(x) for x in echo], daemon=True).start()
+    return proc
 
 
 @dataclass

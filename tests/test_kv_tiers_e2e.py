@@ -7,10 +7,8 @@ the kvcache killed while requests run (none fails; the worker uses it again when
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -18,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import ROOT, Cluster, free_port, http_json
+from tests.cluster import Cluster, free_port, http_json, start_service
 
 BLOCK = 16
 # 30 blocks of 16 tokens: one ~360-token prompt and its answer fill most of the pool
@@ -37,18 +35,10 @@ class KVCache:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> KVCache:
-        argv = [sys.executable, "-m", "services.kvcache", "--endpoint", self.endpoint,
-                "--ram-gb", "0.2", "--disk-dir", str(self.disk), "--disk-gb", "1",
-                "--shm-dir", str(self.shm)]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-        lines = [self.proc.stderr.readline()]  # up to its ready line
-        while "ready" not in lines[-1] and lines[-1] and len(lines) < 20:
-            lines.append(self.proc.stderr.readline())
-        assert "ready" in lines[-1], "".join(lines)
-        # its log goes on to this process's stderr (pytest shows it with a failure)
-        echo = self.proc.stderr
-        threading.Thread(target=lambda: [sys.stderr.write(x) for x in echo], daemon=True).start()
+        self.proc = start_service(
+            "services.kvcache", "--endpoint", self.endpoint, "--ram-gb", "0.2",
+            "--disk-dir", str(self.disk), "--disk-gb", "1", "--shm-dir", str(self.shm),
+        )  # fmt: skip
         return self
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:

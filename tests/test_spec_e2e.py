@@ -6,11 +6,8 @@ the worker uses the service again once it is back."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import ROOT, Cluster, free_port, http_json
+from tests.cluster import Cluster, free_port, http_json, start_service
 from tools.w5_workload import code_edits, prose
 
 MAX_TOKENS = 32
@@ -31,16 +28,9 @@ class Spec:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Spec:
-        argv = [sys.executable, "-m", "services.spec", "--endpoint", self.endpoint,
-                "--table-max-ngrams", "0"]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-        lines = [self.proc.stderr.readline()]
-        while "ready" not in lines[-1] and lines[-1] and len(lines) < 20:
-            lines.append(self.proc.stderr.readline())
-        assert "ready" in lines[-1], "".join(lines)
-        echo = self.proc.stderr
-        threading.Thread(target=lambda: [sys.stderr.write(x) for x in echo], daemon=True).start()
+        self.proc = start_service(
+            "services.spec", "--endpoint", self.endpoint, "--table-max-ngrams", "0"
+        )
         return self
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:

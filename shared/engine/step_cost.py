@@ -37,6 +37,7 @@ class StepCost:
         self.classes: dict[int, deque[tuple[float, float, float]]] = {}
         self.refit_every = refit_every
         self.coef = np.zeros(3)  # ms: base, per token, per thousand pairs
+        self.ready = False  # whether the fit has seen steps of two sizes (a slope to go by)
         self._since_fit = 0
 
     @property
@@ -44,23 +45,20 @@ class StepCost:
         """The steps the fit is over: (rows, thousands of pairs, ms)."""
         return [x for c in self.classes.values() for x in c]
 
-    @property
-    def ready(self) -> bool:
-        """Whether the fit has seen steps of at least two sizes (a slope to go by)."""
-        return len({t for t, _, _ in self.samples}) >= 2
-
     def observe(self, tokens: int, pairs: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
             return
         c = self.classes.setdefault(tokens.bit_length(), deque(maxlen=self.window))
         c.append((float(tokens), pairs / _PAIR_UNIT, seconds * 1e3))
         self._since_fit += 1
-        if self._since_fit >= self.refit_every or len(self.samples) <= 16:
+        # while few steps are held, each one refits (a handful of classes: a cheap count)
+        if self._since_fit >= self.refit_every or sum(map(len, self.classes.values())) <= 16:
             self.refit()
 
     def reset(self) -> None:
         self.classes.clear()
         self.coef = np.zeros(3)
+        self.ready = False
 
     def predict_ms(self, tokens: int, pairs: int) -> float:
         base, per_token, per_pair = self.coef
@@ -71,6 +69,7 @@ class StepCost:
         if not self.samples:
             return
         data = np.array(self.samples)
+        self.ready = len(np.unique(data[:, 0])) >= 2
         x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
         y = data[:, 2]
         coef = _nonneg_lstsq(x, y)

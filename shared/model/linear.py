@@ -53,7 +53,7 @@ from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kernels.qmatmul.qkv_rope import QKVRope
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.model.int4_linear import Int4Weight, int4_supported
-from shared.ops.paged_attention import ROW_WISE_QUERIES
+from shared.model.rows_exact import rows_exact
 from shared.quant import dequantize
 
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16
@@ -233,9 +233,9 @@ class QuantLinear(nn.Module):
         elif self._gemv is not None and x.numel() <= _GEMV_MAX_M * self.shape[1]:
             y = self._gemv(x.reshape(-1, self.shape[1]), self.raw, self.qtype)
         elif self.dense_copy is not None and self.dense_copy.dtype != x.dtype:  # a bf16 copy
-            y = _rows_exact(x.to(self.dense_copy.dtype), self.dense_copy).to(x.dtype)
+            y = rows_exact(x.to(self.dense_copy.dtype), self.dense_copy).to(x.dtype)
         elif x.device.type == "cpu":
-            y = _rows_exact(x, self.weight())
+            y = rows_exact(x, self.weight())
         else:
             return F.linear(x, self.weight(), self.bias)
         y = y.reshape(*x.shape[:-1], self.shape[0])
@@ -391,16 +391,3 @@ class GatedLinear(nn.Module):
             return y.reshape(*x.shape[:-1], n_out), made
         y = lin(x)  # dense or dequantizing: the activation in torch
         return ACTS[self.act](y[..., 0::2], y[..., 1::2]), {}
-
-
-def _rows_exact(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T, on the CPU a row at a time for a few rows (up to ROW_WISE_QUERIES): a dense
-    GEMM of a few rows does not give each row what it gives that row alone (oneDNN's and MKL's
-    one-row and many-row kernels sum differently), so a decode batch's or a speculative step's
-    rows are each computed as a one-row decode computes them: greedy output independent of
-    batching and of drafts. Measured, 640 x 2048 fp32, 2 threads: 9 rows 0.82 ms a row at a
-    time, 0.48 ms at once, one row 0.09 ms."""
-    x2 = x.reshape(-1, w.shape[1])
-    if x.device.type != "cpu" or not 1 < x2.shape[0] <= ROW_WISE_QUERIES:
-        return F.linear(x2, w)
-    return torch.cat([F.linear(r, w) for r in x2.split(1)])

@@ -4,6 +4,8 @@
   (shared.launch), until Ctrl-C.
 - `skiff generate MODEL.gguf "prompt"`: runs the engine in this process and prints the
   continuation as it streams, then the prompt size and the decode speed.
+- `skiff spec learn PATH... --domain NAME --model MODEL.gguf`: counts the text files under the
+  paths into the spec service's domain n-gram table before serving (services/spec/learn.py).
 """
 
 from __future__ import annotations
@@ -104,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    from services.spec.learn import add_learn_arguments  # stdlib and lmdb: no torch, no model
+
+    sp = sub.add_parser("spec", help="speculative decoding's domain tables")
+    spec_sub = sp.add_subparsers(dest="spec_command", required=True)
+    learn = spec_sub.add_parser("learn", help="count files into a domain's n-gram table")
+    add_learn_arguments(learn)
     return parser
 
 
@@ -113,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         return launch.serve(launch.ServeConfig.from_args(args))
     if args.command == "generate":
         return _generate(args)
+    if args.command == "spec":
+        from services.spec.learn import run_learn
+
+        return run_learn(args)
     return 2
 
 

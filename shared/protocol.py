@@ -2,7 +2,7 @@
 
 Sockets (DESIGN.md, "The wire"):
 - gateway ROUTER <-> worker DEALER: `GatewayToWorker` down (requests, aborts), `WorkerToGateway`
-  up (ready announcement, heartbeats, rejections).
+  up (ready announcement, heartbeats, rejections, prefilled prompts handed on).
 - worker PUSH -> gateway PULL: one `StepTokens` per engine step with every sequence's new token.
 - worker DEALER <-> spec ROUTER: `WorkerToSpec` up (each step's new tokens of the sequences
   that speculate, and how many tokens to propose), `SpecToWorker` down (the proposals).
@@ -23,6 +23,9 @@ HEARTBEAT_INTERVAL_S = 0.2
 HEARTBEAT_TIMEOUT_S = 0.8  # the gateway declares a silent worker dead after this
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+# a domain n-gram table's name (`Generate.domain`, `SpecSeq.domain`): letters, digits, '.', '_',
+# '-', at most 64, starting with a letter or digit
+DOMAIN_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 
 
 class _Msg(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag_field="t"):
@@ -47,9 +50,19 @@ class Sampling(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, fr
 class Generate(_Msg, tag="gen"):
     request_id: str
     prompt_ids: list[int]
-    max_tokens: int
+    max_tokens: int  # output tokens in all, those in `output_ids` included
     sampling: Sampling = Sampling()
     stop_ids: list[int] = []
+    # disaggregated serving (a prefill worker hands a prompt on to a decode worker):
+    # `prefill_only`: compute the prompt, send its first token, then a `Prefilled` instead of
+    # decoding on. A resumed request carries the tokens generated so far (`output_ids`, sent to
+    # the client already) and its seeded generator's state (`rng_state`: torch's bytes for
+    # `rng_device`'s generator type; another type re-seeds from the seed and the output length).
+    prefill_only: bool = False
+    output_ids: list[int] = []
+    rng_state: bytes = b""
+    rng_device: str = ""
+    domain: str = ""  # the spec service's domain n-gram table its drafts may come from
 
 
 class Abort(_Msg, tag="abort"):
@@ -96,6 +109,18 @@ class Rejected(_Msg, tag="rej"):
     message: str
 
 
+class Prefilled(_Msg, tag="prefilled"):
+    """A `prefill_only` request's prompt is computed and its first token sent (on the token
+    socket); its full KV blocks are in the kvcache's RAM tier (`stored` of them confirmed
+    indexed), so a decode worker looks them up. The gateway sends the rest to one."""
+
+    request_id: str
+    output_ids: list[int]
+    rng_state: bytes = b""
+    rng_device: str = ""
+    stored: int = 0
+
+
 class TokenOut(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     request_id: str
     token_id: int
@@ -139,6 +164,7 @@ class KVPut(_Msg, tag="kvput"):
 
     instance: str
     blocks: list[KVBlock]
+    upto: int = 0  # the worker's count of blocks stored, this put's last included
 
 
 class KVLookup(_Msg, tag="kvlookup"):
@@ -156,6 +182,13 @@ class KVRelease(_Msg, tag="kvrelease"):
     slots: list[int]
 
 
+class KVAlive(_Msg, tag="kvalive"):
+    """Sent by an attached worker that has sent nothing else for a while: the kvcache frees the
+    grants and pins of a worker silent for longer than its timeout (a worker that died)."""
+
+    instance: str
+
+
 class KVAttach(_Msg, tag="kvattach"):
     instance: str  # random per kvcache process start
     segment: str  # path of the shared-memory file to map
@@ -167,6 +200,7 @@ class KVAttach(_Msg, tag="kvattach"):
 class KVGrant(_Msg, tag="kvgrant"):
     instance: str
     slots: list[int]
+    upto: int = 0  # the answered put's `upto`: every block stored up to it is indexed
 
 
 class KVFound(_Msg, tag="kvfound"):
@@ -220,18 +254,18 @@ class SpecDrafts(_Msg, tag="specdrafts"):
     unknown: list[int] = []  # sequences asked about from start > 0 it has no copy of: resend
 
 
-WorkerToKV = KVHello | KVPut | KVLookup | KVRelease
+WorkerToKV = KVHello | KVPut | KVLookup | KVRelease | KVAlive
 KVToWorker = KVAttach | KVGrant | KVFound | KVStale
 WorkerToSpec = SpecAsk | SpecEnd
 SpecToWorker = SpecDrafts
 
 GatewayToWorker = Generate | Abort
-WorkerToGateway = WorkerReady | Heartbeat | Rejected
+WorkerToGateway = WorkerReady | Heartbeat | Rejected | Prefilled
 WorkerTokens = StepTokens
 
 ALL_MESSAGES = (
-    Generate, Abort, WorkerReady, Heartbeat, Rejected, StepTokens,
-    KVHello, KVPut, KVLookup, KVRelease, KVAttach, KVGrant, KVFound, KVStale,
+    Generate, Abort, WorkerReady, Heartbeat, Rejected, Prefilled, StepTokens,
+    KVHello, KVPut, KVLookup, KVRelease, KVAlive, KVAttach, KVGrant, KVFound, KVStale,
     SpecAsk, SpecEnd, SpecDrafts,
 )  # fmt: skip
 

@@ -102,15 +102,19 @@ class Cluster:
         )
         for _ in range(self.n_workers):
             self.start_worker()
-        self.wait_workers(self.n_workers)
+        if self.n_workers:
+            self.wait_workers(self.n_workers)
         return self
 
-    def start_worker(self) -> subprocess.Popen:
+    def start_worker(
+        self, module: str = "services.decode", args: tuple[str, ...] = ()
+    ) -> subprocess.Popen:
+        """`python -m module` (a worker role) with the cluster's worker args, then `args`."""
         p = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "services.decode",
+                module,
                 "--model",
                 str(self.model),
                 "--device",
@@ -120,6 +124,7 @@ class Cluster:
                 "--gateway-tokens",
                 f"tcp://127.0.0.1:{self.tokens}",
                 *self.worker_args,
+                *args,
                 # e.g. SKIFF_TEST_WORKER_ARGS=--overlap runs the suite with overlapped steps
                 *os.environ.get("SKIFF_TEST_WORKER_ARGS", "").split(),
             ],

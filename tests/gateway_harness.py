@@ -73,6 +73,7 @@ class GatewayServer:
         api_keys: tuple[str, ...] = (),
         handler_cancellation: bool = False,
         heartbeat_timeout_s: float = 0.8,
+        key_domains: dict[str, str] | None = None,
     ) -> None:
         self.config = GatewayConfig(
             model=model.path,
@@ -82,6 +83,7 @@ class GatewayServer:
             tokens_bind=f"tcp://127.0.0.1:{free_port()}",
             api_keys=api_keys,
             heartbeat_timeout_s=heartbeat_timeout_s,
+            key_domains=key_domains or {},
         )
         self.url = f"http://127.0.0.1:{self.config.port}"
         self.loop = asyncio.new_event_loop()

@@ -75,12 +75,18 @@ def test_workers_share_the_kvcache_segment_and_reach_its_endpoint() -> None:
         assert _flag(services[name]["command"], "--kvcache") == f"tcp://kvcache:{port}", name
 
 
-def test_workers_reach_the_spec_service() -> None:
+def test_decode_workers_reach_the_spec_service_and_every_worker_the_kvcache() -> None:
     services = _load(COMPOSE)["services"]
     port = _flag(services["spec"]["command"], "--endpoint").rsplit(":", 1)[1]
-    for name in ("prefill", "decode"):
-        assert _flag(services[name]["command"], "--spec") == f"tcp://spec:{port}", name
-        assert "spec" in services[name]["depends_on"], name
+    assert _flag(services["decode"]["command"], "--spec") == f"tcp://spec:{port}"
+    assert "spec" in services["decode"]["depends_on"]
+    assert "--spec" not in services["prefill"]["command"]  # a prefill worker never decodes
+    kv_port = _flag(services["kvcache"]["command"], "--endpoint").rsplit(":", 1)[1]
+    # the prompts' blocks move from prefill to decode workers through the kvcache's RAM tier
+    for compose in (COMPOSE, COMPOSE_GPU):
+        for name in ("prefill", "decode"):
+            command = _load(compose)["services"][name]["command"]
+            assert _flag(command, "--kvcache") == f"tcp://kvcache:{kv_port}", (compose, name)
 
 
 def test_workers_reach_the_gateway_by_service_name() -> None:

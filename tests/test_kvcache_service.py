@@ -20,6 +20,7 @@ from services.kvcache.metrics import KVStats, summary
 from services.kvcache.ram_tier import RamTier
 from services.kvcache.service import KVCacheService
 from shared.protocol import (
+    KVAlive,
     KVAttach,
     KVBlock,
     KVFound,
@@ -45,8 +46,8 @@ def _service(tmp_path: Path, slots: int = 8) -> KVCacheService:
     return KVCacheService("inst", ram, _disk(tmp_path / "disk"), KVStats())
 
 
-def _call(svc: KVCacheService, who: bytes, msg: object) -> KVToWorker | None:
-    out = svc.handle([who, msgspec.msgpack.encode(msg)])
+def _call(svc: KVCacheService, who: bytes, msg: object, now: float = 0.0) -> KVToWorker | None:
+    out = svc.handle([who, msgspec.msgpack.encode(msg)], now)
     return out[1] if out else None
 
 
@@ -72,6 +73,25 @@ def test_handler_put_lookup_release_and_stale(tmp_path: Path) -> None:
     seg.check_integrity()
     svc.ram.close()
     svc.disk.close()
+
+
+def test_grants_echo_the_put_count_and_silent_workers_are_reaped(tmp_path: Path) -> None:
+    svc = _service(tmp_path)
+    att = _call(svc, A, KVHello("a", KEY, BB, 2), now=1.0)
+    _call(svc, B, KVHello("b", KEY, BB, 2), now=1.0)
+    grant = _call(svc, A, KVPut("inst", [KVBlock(7, att.granted[0], [1])], upto=5), now=2.0)
+    assert grant.upto == 5  # a prefill worker's hand-off waits for this
+    found = _call(svc, A, KVLookup("inst", 1, [7]), now=3.0)
+    seg = svc.ram.segments[KEY]
+    assert seg.pins(found.blocks[0].slot) == 1 and seg.num_granted == 4
+    # A goes silent (killed mid-restore); B keeps sending KVAlive
+    assert _call(svc, B, KVAlive("inst"), now=12.0) is None
+    assert svc.reap(now=13.5, timeout_s=10.0) == 1
+    assert seg.pins(found.blocks[0].slot) == 0 and seg.num_granted == 2  # B's two stay
+    seg.check_integrity()
+    # A was only slow: told it is stale, it attaches again
+    assert isinstance(_call(svc, A, KVLookup("inst", 2, [7]), now=14.0), KVStale)
+    assert svc.reap(now=14.0, timeout_s=10.0) == 0
 
 
 def test_handler_restores_a_block_evicted_from_ram(tmp_path: Path) -> None:

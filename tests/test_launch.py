@@ -24,6 +24,7 @@ import pytest
 from shared import launch
 from shared.cli import build_parser
 from shared.launch import Endpoints, ServeConfig
+from shared.launch.plan import cpu_count
 
 ROOT = Path(__file__).resolve().parent.parent
 _PID = re.compile(r"started (.+?) \(pid (\d+)\)")
@@ -348,3 +349,37 @@ def test_the_spec_service_and_the_workers_drafts() -> None:
 
     cfg = parse_worker_args(["--model", "/m", "--spec", "tcp://h:2", "--spec-max-tokens", "3"], "d")
     assert (cfg.spec, cfg.spec_max_tokens) == ("tcp://h:2", 3)
+
+
+def test_prefill_and_decode_workers_split_over_devices() -> None:
+    endpoints = Endpoints(*(f"tcp://127.0.0.1:{p}" for p in (5001, 5002, 5003, 5004)))
+    args = build_parser().parse_args(
+        ["serve", "/m.gguf", "--prefill-devices", "cuda:0", "--decode-devices", "cuda:0,cpu"]
+    )
+    config = ServeConfig.from_args(args)
+    prefill, decode = launch.resolve_split(config)
+    assert (prefill, decode) == (["cuda:0"], ["cuda:0", "cpu"])
+    plan = launch.plan_processes(config, decode, endpoints, python="py", prefill=prefill)
+    assert sorted(plan.workers) == ["decode cpu", "decode cuda:0", "prefill cuda:0"]
+    assert plan.workers["prefill cuda:0"][:3] == ["py", "-m", "services.prefill"]
+    assert plan.workers["decode cuda:0"][:3] == ["py", "-m", "services.decode"]
+    # the hand-offs ride the kvcache's RAM tier: on for every worker, GPU ones included
+    assert "kvcache" in plan.services
+    assert all(_flag(w, "--kvcache") == "tcp://127.0.0.1:5003" for w in plan.workers.values())
+    # speculation is the decode side's; a prefill worker never decodes
+    assert "--spec" not in plan.workers["prefill cuda:0"]
+    assert _flag(plan.workers["decode cpu"], "--spec") == "tcp://127.0.0.1:5004"
+    # two CPU workers share the cores
+    both = dataclasses.replace(config, prefill_devices="cpu", decode_devices="cpu")
+    plan = launch.plan_processes(both, ["cpu"], endpoints, prefill=["cpu"])
+    shares = {_flag(w, "--threads") for w in plan.workers.values()}
+    assert shares == {str(max(1, cpu_count() // 2))}
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode"), [("cpu", ""), ("", "cuda:0"), ("auto", "cpu"), ("cpu", "cpu,cpu")]
+)
+def test_bad_role_splits_are_refused(prefill: str, decode: str) -> None:
+    config = ServeConfig(Path("/m.gguf"), prefill_devices=prefill, decode_devices=decode)
+    with pytest.raises(ValueError):
+        launch.resolve_split(config)

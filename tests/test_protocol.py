@@ -13,6 +13,8 @@ import shared.protocol as P
 SAMPLES = [
     P.Generate("r1", [1, 2, 3], 16),
     P.Generate("r2", [5] * 300, 4096, P.Sampling(0.0, 40, 0.9, 0.05, 1.1, 0.5, -0.5, 7, 5), [2, 7]),
+    P.Generate("r3", [1, 2], 8, prefill_only=True),
+    P.Generate("r4", [1, 2], 8, output_ids=[9], rng_state=bytes(range(16)), rng_device="cuda"),
     P.Abort("r1"),
     P.WorkerReady(
         "w1", "cuda:0", "NVIDIA H200", ["prefill", "decode"], "m.gguf", 1000, 16, 8192, 1234
@@ -20,6 +22,7 @@ SAMPLES = [
     P.Heartbeat("w1", 10, 990, 3, 1),
     P.Heartbeat("w1", 10, 990, 3, 1, {"stored": 5, "restored": 2}),
     P.Rejected("r3", 400, "too long"),
+    P.Prefilled("r4", [9], b"\x00\xff" * 8, "cpu", 12),
     P.StepTokens(
         "w1", [P.TokenOut("r1", 42), P.TokenOut("r2", 7, -0.25, [7, 8], [-0.25, -2.0], "length")]
     ),
@@ -29,8 +32,11 @@ SAMPLES = [
     P.KVPut("i1", [P.KVBlock(2**64 - 1, 3, list(range(16)))]),
     P.KVLookup("i1", 7, [1, 2**63, 2**64 - 1]),
     P.KVRelease("i1", [3, 4]),
+    P.KVAlive("i1"),
     P.KVAttach("i1", "/dev/shm/skiff-kv-i1-ab", 1024, 737280, [0, 1, 2]),
     P.KVGrant("i1", [5]),
+    P.KVGrant("i1", [5, 6], upto=40),
+    P.KVPut("i1", [P.KVBlock(1, 3, [1] * 16)], upto=40),
     P.KVFound("i1", 7, [P.KVBlock(1, 3, [1] * 16)]),
     P.KVFound("i1", 8, []),
     P.KVStale("i2"),
@@ -46,7 +52,7 @@ def direction(msg: object) -> object:
         return P.GatewayToWorker
     if isinstance(msg, P.StepTokens):
         return P.WorkerTokens
-    if isinstance(msg, P.KVHello | P.KVPut | P.KVLookup | P.KVRelease):
+    if isinstance(msg, P.KVHello | P.KVPut | P.KVLookup | P.KVRelease | P.KVAlive):
         return P.WorkerToKV
     if isinstance(msg, P.KVAttach | P.KVGrant | P.KVFound | P.KVStale):
         return P.KVToWorker

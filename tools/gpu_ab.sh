@@ -5,6 +5,8 @@
 #   whose figures BENCHMARKS.md records), plus the gpu-marked model tests first.
 # Trees are carried as ignored folders made here with `git archive C | tar -x -C .ab/NAME`.
 #   OLD_SERVE=.ab/serve OLD_W1=.ab/w1 W1_TYPES="q4_k_m" bash tools/gpu_ab.sh
+# SPLIT=1 adds this tree with a prefill and a decode worker on cuda:0 (label split); GREEDY=1
+# records each served layout's greedy answers (tools/greedy_answers) and compares them.
 # Carry: .whl, .ab (and .tcache when there is one). Results under $OUT (results.jsonl, logs).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -36,10 +38,13 @@ cat "$OUT"/model-*.txt
 
 wait_health() { for _ in $(seq 1 "$2"); do curl -sf "$1/health" >/dev/null 2>&1 && return 0; sleep 1; done; return 1; }
 
-serve_runs() {  # tree label port
-  (cd "$1" && PYTHONPATH=/tmp/site:$PWD setsid python3 -m shared.cli serve $MODEL --devices cuda:0 \
+serve_runs() {  # tree label port [placement flags]
+  local where=${4:---devices cuda:0}
+  (cd "$1" && PYTHONPATH=/tmp/site:$PWD setsid python3 -m shared.cli serve $MODEL $where \
     --port "$3" --max-model-len 34000 ${SERVE_ARGS:-} > "$OUT/skiff-$2.log" 2>&1 &)
   if wait_health "http://127.0.0.1:$3" 400; then
+    [ -n "${GREEDY:-}" ] && PYTHONPATH=/tmp/site:$HERE python3 -m tools.greedy_answers \
+      http://127.0.0.1:$3 "$OUT/greedy-$2.jsonl" 2>&1 | tail -3
     PYTHONPATH=/tmp/site:$HERE python3 -m tools.bench_serving http://127.0.0.1:$3 w3 --label "$2" \
       2>&1 | tee -a "$R"
     [ -z "${NO_W2:-}" ] && PYTHONPATH=/tmp/site:$HERE python3 -m tools.bench_serving \
@@ -47,7 +52,10 @@ serve_runs() {  # tree label port
   else
     tail -30 "$OUT/skiff-$2.log"
   fi
-  pkill -INT -f "shared.cli serve"; sleep 4; pkill -9 -f "services\.(gateway|decode|kvcache|spec)"
+  curl -s "http://127.0.0.1:$3/metrics" | grep -E "skiff_kv_tier_events|skiff_request_moves" \
+    > "$OUT/metrics-$2.txt"
+  pkill -INT -f "shared.cli serve"; sleep 4
+  pkill -9 -f "services\.(gateway|decode|prefill|kvcache|spec)"
   sleep 1
 }
 
@@ -58,7 +66,13 @@ w1_runs() {  # tree label
 }
 
 [ -z "${NO_SERVE:-}" ] && serve_runs "$HERE" new 8080
+[ -n "${SPLIT:-}" ] && serve_runs "$HERE" split 8082 \
+  "--prefill-devices cuda:0 --decode-devices cuda:0 --kv-disk-gb 0 --kv-blocks ${SPLIT_BLOCKS:-6000}"
 [ -n "${OLD_SERVE:-}" ] && serve_runs "$HERE/$OLD_SERVE" old 8081
+if [ -n "${GREEDY:-}" ] && [ -f "$OUT/greedy-split.jsonl" ]; then
+  python3 -m tools.greedy_answers --compare "$OUT/greedy-new.jsonl" "$OUT/greedy-split.jsonl" \
+    | tee -a "$R"
+fi
 if [ -z "${NO_W1:-}" ]; then
   w1_runs "$HERE" w1-new
   [ -n "${OLD_W1:-}" ] && w1_runs "$HERE/$OLD_W1" w1-old

@@ -1,7 +1,9 @@
 """`python -m services.decode --model M.gguf --device cuda:0 --gateway tcp://host:5555`
 
-Starts a worker hosting the decode role; on one device it also hosts the prefill role in the
-same process (one copy of the weights, one KV pool, one scheduler interleaving both).
+Starts a worker hosting the decode role. It also prefills what it is given (one copy of the
+weights, one KV pool, one scheduler interleaving prompt chunks with decode steps), so alone it
+serves whole requests; beside prefill workers (`python -m services.prefill`) it goes on with the
+prompts they hand on, restoring their KV blocks from the kvcache's RAM tier (`--kvcache`).
 """
 
 import sys

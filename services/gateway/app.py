@@ -128,5 +128,5 @@ async def health(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    body = gw.metrics.render(gw.router.registry)
+    body = gw.metrics.render(gw.router.registry, gw.router.moves)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.protocol import HEARTBEAT_TIMEOUT_S
+from shared.protocol import DOMAIN_PATTERN, HEARTBEAT_TIMEOUT_S
 
 DEFAULT_WORKER_BIND = "tcp://127.0.0.1:5555"
 DEFAULT_TOKENS_BIND = "tcp://127.0.0.1:5556"
@@ -27,6 +28,8 @@ class GatewayConfig:
     worker_bind: str = DEFAULT_WORKER_BIND  # ROUTER: requests down, ready/heartbeats up
     tokens_bind: str = DEFAULT_TOKENS_BIND  # PULL: one StepTokens per worker step
     api_keys: tuple[str, ...] = ()  # empty: no authentication
+    # an API key's domain n-gram table, for its requests that name none
+    key_domains: dict[str, str] = field(default_factory=dict)
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
 
     @classmethod
@@ -48,8 +51,19 @@ class GatewayConfig:
             worker_bind=args.worker_bind,
             tokens_bind=args.tokens_bind,
             api_keys=tuple(dict.fromkeys(keys)),
+            key_domains=_key_domains(args.key_domain or []),
             heartbeat_timeout_s=args.heartbeat_timeout,
         )
+
+
+def _key_domains(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, _, domain = pair.partition("=")
+        if not key or not re.fullmatch(DOMAIN_PATTERN, domain):
+            raise SystemExit(f"error: --key-domain wants KEY=DOMAIN (a table's name), got {pair!r}")
+        out[key] = domain
+    return out
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -96,6 +110,13 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         action="append",
         help="accepted bearer token; repeat for several (added to the comma-separated "
         "env SKIFF_API_KEYS); none: no authentication",
+    )
+    p.add_argument(
+        "--key-domain",
+        action="append",
+        metavar="KEY=DOMAIN",
+        help="the domain n-gram table (speculation) of an API key's requests that name none in "
+        "their 'domain' field; repeat for several",
     )
     p.add_argument(
         "--heartbeat-timeout",

@@ -78,9 +78,14 @@ class Generation:
         self._finished = False
 
     async def start(
-        self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, stop_ids: list[int]
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: Sampling,
+        stop_ids: list[int],
+        domain: str = "",
     ) -> None:
-        self.stream = await self.router.submit(prompt_ids, max_tokens, sampling, stop_ids)
+        self.stream = await self.router.submit(prompt_ids, max_tokens, sampling, stop_ids, domain)
         self.prompt_tokens = len(prompt_ids)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
 

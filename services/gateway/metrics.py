@@ -59,7 +59,7 @@ class GatewayMetrics:
         self.kv_tiers = Gauge(
             "skiff_kv_tier_events",
             "KV tier events per worker since it started (stored, restored, lookups, timeouts, "
-            "mismatches, no_slot), from heartbeats",
+            "mismatches, no_slot; restore_us: the restores' copy time), from heartbeats",
             ["worker", "event"],
             registry=r,
         )
@@ -71,12 +71,22 @@ class GatewayMetrics:
             ["worker", "event", "source"],
             registry=r,
         )
+        self.moves = Gauge(
+            "skiff_request_moves",
+            "requests moved between workers since the gateway started: handed_on (prefilled "
+            "by a prefill worker, decoded by a decode worker), prefill_lost (moved on when "
+            "their prefill worker died)",
+            ["event"],
+            registry=r,
+        )
         self.workers_ready = Gauge(
             "skiff_workers_ready", "workers ready to take requests", registry=r
         )
 
-    def render(self, workers: WorkerRegistry) -> bytes:
-        """The exposition text, with worker gauges as of now."""
+    def render(self, workers: WorkerRegistry, moves: dict[str, int] | None = None) -> bytes:
+        """The exposition text, with worker gauges (and the router's move counts) as of now."""
+        for event, n in (moves or {}).items():
+            self.moves.labels(event=event).set(n)
         self.kv_used.clear()
         self.kv_free.clear()
         self.kv_tiers.clear()

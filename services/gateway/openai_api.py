@@ -78,6 +78,12 @@ async def get_model(request: web.Request) -> web.Response:
     return web.json_response(_model_card(gw))
 
 
+def _api_key(request: web.Request) -> str:
+    """The bearer token the request came with ("" for none)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 def _model_card(gw: Gateway) -> dict:
     return {
         "id": gw.model.name,
@@ -145,7 +151,8 @@ async def _generate(
         arrived,
     )
     try:
-        await gen.start(prompt_ids, max_tokens, params.sampling, stop_ids)
+        domain = params.domain or gw.config.key_domains.get(_api_key(request), "")
+        await gen.start(prompt_ids, max_tokens, params.sampling, stop_ids, domain)
         if params.stream:
             return await _stream(request, gen, fmt, params.include_usage, echo)
         return await _whole(gen, fmt, echo)

@@ -9,13 +9,14 @@ Ranges match shared/sampling/params.py, which owns their meaning on the worker s
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from services.gateway.errors import invalid
-from shared.protocol import Sampling
+from shared.protocol import DOMAIN_PATTERN, Sampling
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
@@ -33,6 +34,7 @@ class GenerationParams:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    domain: str = ""  # Skiff's extension: the n-gram table speculation may draw on
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,21 @@ def _common(f: Fields, max_tokens: int | None, logprobs: int | None) -> Generati
         stream=stream,
         include_usage=include_usage,
         ignore_eos=f.boolean("ignore_eos", False),
+        domain=_domain(f),
     )
+
+
+def _domain(f: Fields) -> str:
+    value = f.get("domain")
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not re.fullmatch(DOMAIN_PATTERN, value):
+        raise invalid(
+            "'domain' must name an n-gram table: letters, digits, '.', '_' or '-', at most 64, "
+            f"starting with a letter or digit; got {_show(value)}",
+            "domain",
+        )
+    return value
 
 
 def _model(f: Fields) -> str | None:

@@ -1,9 +1,16 @@
 """ZMQ side of the gateway: sends requests to workers and routes their tokens back.
 
 Sockets (shared/protocol.py): a bound ROUTER for control (Generate/Abort down; WorkerReady,
-Heartbeat, Rejected up) and a bound PULL for `StepTokens`. Each HTTP request owns a
+Heartbeat, Rejected, Prefilled up) and a bound PULL for `StepTokens`. Each HTTP request owns a
 `RequestStream`, an asyncio queue that receives its `TokenOut`s, or one `Failure` when the worker
 rejects it, dies or restarts. Liveness is checked by a reaper task every quarter timeout.
+
+With prefill workers (workers.py, "Roles"), a request starts on one as `prefill_only`; its first
+token arrives on the token socket and its `Prefilled` on the control socket, in either order:
+the request moves to a decode worker once both have (the tokens the client has are the ones
+the decode worker continues from), and only its current worker's tokens reach the stream, so
+none is repeated or lost. A request whose prefill worker dies before that moves to another
+worker (a decode worker prefills it), once; a decode worker's death fails its requests.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from shared.protocol import (
     Abort,
     Generate,
     Heartbeat,
+    Prefilled,
     Rejected,
     Sampling,
     TokenOut,
@@ -51,9 +59,14 @@ class Failure:
 class RequestStream:
     """One request's events: `TokenOut`s in order, ending with a finish reason or a Failure."""
 
-    def __init__(self, request_id: str, worker_id: str) -> None:
+    def __init__(self, request_id: str, request: Generate) -> None:
         self.request_id = request_id
-        self.worker_id = worker_id
+        self.request = request  # as the client asked (prompt, max_tokens, sampling, stops)
+        self.worker_id = ""  # the worker whose tokens it takes now
+        self.prefilling = False  # on a prefill worker, to be handed on
+        self.output_ids: list[int] = []  # the tokens the stream received
+        self.prefilled: Prefilled | None = None  # a hand-off waiting for its tokens
+        self.moves = 0  # times it moved to another worker after its prefill worker died
         self.queue: asyncio.Queue[TokenOut | Failure] = asyncio.Queue()
         self.done = False  # set by the router once nothing more will arrive
 
@@ -88,6 +101,7 @@ class Router:
         self._tokens: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._unknown_logged: set[str] = set()
+        self.moves = {"handed_on": 0, "prefill_lost": 0}  # requests moved between workers
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,29 +136,82 @@ class Router:
 
     # -- requests -------------------------------------------------------------------------
     async def submit(
-        self, prompt_ids: list[int], max_tokens: int, sampling: Sampling, stop_ids: list[int]
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: Sampling,
+        stop_ids: list[int],
+        domain: str = "",
     ) -> RequestStream:
-        """Send a request to the least-loaded worker that fits it."""
-        worker = self.registry.choose(len(prompt_ids) + max_tokens)
-        if worker is None:
+        """Send a request to a prefill worker (to be handed on) or to the least-loaded worker
+        that fits it."""
+        total = len(prompt_ids) + max_tokens
+        if self.registry.choose(total) is None:
             if not self.registry.ready_workers():
                 raise ApiError(503, "no worker is ready to serve requests; try again shortly")
             raise ApiError(
                 503, "no ready worker can hold this request (prompt + max_tokens too long)"
             )
         request_id = uuid.uuid4().hex
-        stream = RequestStream(request_id, worker.worker_id)
+        stream = RequestStream(
+            request_id,
+            Generate(request_id, prompt_ids, max_tokens, sampling, stop_ids, domain=domain),
+        )
         self._streams[request_id] = stream
-        self.registry.assign(worker.worker_id, request_id)
-        msg = Generate(request_id, prompt_ids, max_tokens, sampling, stop_ids)
+        failure = await self._route(stream)
+        if failure is not None:
+            self._drop(stream)
+            raise ApiError(failure.status, failure.message)
+        return stream
+
+    async def _route(
+        self, stream: RequestStream, prefilled: Prefilled | None = None, exclude: str = ""
+    ) -> Failure | None:
+        """Send the stream's request on from where the client's tokens are: to a prefill
+        worker while it has none and one is there, else to a decode worker (with the tokens so
+        far and, from a `Prefilled`, the generator's state). A Failure when none can take it."""
+        req, out = stream.request, stream.output_ids
+        total = len(req.prompt_ids) + req.max_tokens
+        worker = None
+        if not out and req.max_tokens > 1:
+            worker = self.registry.choose_prefill(total)
+        stream.prefilling = worker is not None
+        if worker is None:
+            worker = self.registry.choose(total, exclude)
+        if worker is None:
+            return Failure(503, "no ready worker can take this request on; please retry")
+        msg = msgspec.structs.replace(
+            req,
+            prefill_only=stream.prefilling,
+            output_ids=list(out),
+            rng_state=prefilled.rng_state if prefilled is not None else b"",
+            rng_device=prefilled.rng_device if prefilled is not None else "",
+        )
+        stream.worker_id = worker.worker_id
+        prompt_tokens = len(req.prompt_ids) if stream.prefilling else 0
+        self.registry.assign(worker.worker_id, stream.request_id, prompt_tokens)
         try:
             await self._control.send_multipart([worker.identity, self._encode(msg)])
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the connection is gone
-            self._drop(stream)
-            raise ApiError(
-                503, f"worker {worker.worker_id} is unreachable ({exc.strerror})"
-            ) from None
-        return stream
+            self.registry.release(worker.worker_id, stream.request_id)
+            return Failure(503, f"worker {worker.worker_id} is unreachable ({exc.strerror})")
+        return None
+
+    async def _hand_on(self, stream: RequestStream) -> None:
+        """A prefilled request whose tokens have all arrived goes to a decode worker."""
+        p = stream.prefilled
+        if p is None or len(stream.output_ids) < len(p.output_ids):
+            return
+        stream.prefilled = None
+        if stream.output_ids[: len(p.output_ids)] != p.output_ids:
+            self._finish(stream, Failure(500, "the prefill worker's tokens do not match"))
+            return
+        self.registry.release(stream.worker_id, stream.request_id)
+        failure = await self._route(stream, p, exclude=stream.worker_id)
+        if failure is not None:
+            self._finish(stream, failure)
+        else:
+            self.moves["handed_on"] += 1
 
     async def abort(self, stream: RequestStream) -> None:
         """Stop a request the client no longer wants, so its worker frees its KV blocks."""
@@ -168,10 +235,21 @@ class Router:
         self._drop(stream)
         stream.queue.put_nowait(event)
 
-    def _fail_departed(self, departed: Departed) -> None:
+    async def _fail_departed(self, departed: Departed) -> None:
         log.warning("worker %s left (%s)", departed.worker_id, departed.reason)
         for request_id in departed.request_ids:
             stream = self._streams.get(request_id)
+            if stream is not None and stream.prefilling and stream.moves == 0:
+                # its prompt is lost with the prefill worker: another worker computes it (the
+                # tokens the client has are kept), once
+                stream.moves += 1
+                stream.prefilled = None
+                log.warning("request %s moves on from prefill worker %s", request_id,
+                            departed.worker_id)  # fmt: skip
+                failure = await self._route(stream, exclude=departed.worker_id)
+                if failure is None:
+                    self.moves["prefill_lost"] += 1
+                    continue
             if stream is not None:
                 self._finish(
                     stream,
@@ -192,20 +270,25 @@ class Router:
                 log.warning("undecodable control message: %s", exc)
                 continue
             now = self._clock()
-            if isinstance(msg, Heartbeat):
+            if isinstance(msg, Prefilled):
+                stream = self._streams.get(msg.request_id)
+                if stream is not None and stream.prefilling:
+                    stream.prefilled = msg
+                    await self._hand_on(stream)
+            elif isinstance(msg, Heartbeat):
                 if not self.registry.on_heartbeat(msg, now) and (
                     msg.worker_id not in self._unknown_logged
                 ):
                     self._unknown_logged.add(msg.worker_id)
                     log.warning("heartbeat from %s, which never sent ready", msg.worker_id)
             elif isinstance(msg, WorkerReady):
-                self._on_ready(msg, frames[0], now)
+                await self._on_ready(msg, frames[0], now)
             elif isinstance(msg, Rejected):
                 stream = self._streams.get(msg.request_id)
                 if stream is not None:
                     self._finish(stream, Failure(msg.status, msg.message))
 
-    def _on_ready(self, msg: WorkerReady, identity: bytes, now: float) -> None:
+    async def _on_ready(self, msg: WorkerReady, identity: bytes, now: float) -> None:
         if msg.protocol != PROTOCOL_VERSION:
             log.error(
                 "worker %s speaks protocol %d, the gateway %d: ignored",
@@ -219,7 +302,7 @@ class Router:
         refresh = known is not None and known.ready.instance == msg.instance and msg.instance
         departed = self.registry.on_ready(msg, identity, now)
         if departed is not None:
-            self._fail_departed(departed)
+            await self._fail_departed(departed)
         if refresh:
             return  # a periodic re-announcement: nothing new to say
         log.info(
@@ -242,10 +325,13 @@ class Router:
             self.registry.touch(step.worker_id, self._clock())
             for tok in step.tokens:
                 stream = self._streams.get(tok.request_id)
-                if stream is None:  # aborted or failed already
-                    continue
+                if stream is None or stream.worker_id != step.worker_id:
+                    continue  # aborted or failed already, or from a worker it has left
+                stream.output_ids.append(tok.token_id)
                 if tok.finish_reason is None:
                     stream.queue.put_nowait(tok)
+                    if stream.prefilled is not None:
+                        await self._hand_on(stream)
                 else:
                     self._finish(stream, tok)
 
@@ -254,4 +340,4 @@ class Router:
         while True:
             await asyncio.sleep(period)
             for departed in self.registry.reap(self._clock()):
-                self._fail_departed(departed)
+                await self._fail_departed(departed)

@@ -4,6 +4,12 @@ Pure bookkeeping with an explicit clock (`now` arguments), so it runs without so
 The router feeds it every message a worker sends and asks it where to send a request; a worker
 that stays silent for the heartbeat timeout is dead and gives back the ids of the requests it
 held, so they can fail with a clear error instead of hanging.
+
+Roles: a worker announcing "decode" serves a request alone (it prefills what it is given) and
+takes prompts that prefill workers hand on; one announcing only "prefill" computes prompts and
+hands them on while a decode worker is there (else it serves alone too). Prompts go to the
+prefill worker with the fewest prompt tokens queued, decodes to the decode worker with the
+fewest requests, then the most free KV blocks.
 """
 
 from __future__ import annotations
@@ -11,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.protocol import Heartbeat, WorkerReady
-
-SERVING_ROLES = frozenset({"prefill", "decode"})  # a worker must do both to take a request alone
 
 
 @dataclass
@@ -22,14 +26,19 @@ class Worker:
     last_seen: float
     heartbeat: Heartbeat | None = None
     requests: set[str] = field(default_factory=set)  # in flight, as the gateway knows them
+    prompt_tokens: dict[str, int] = field(default_factory=dict)  # queued prompts (prefill role)
 
     @property
     def worker_id(self) -> str:
         return self.ready.worker_id
 
     @property
-    def can_serve(self) -> bool:
-        return set(self.ready.roles) >= SERVING_ROLES
+    def decodes(self) -> bool:
+        return "decode" in self.ready.roles
+
+    @property
+    def prefill_only(self) -> bool:
+        return not self.decodes and "prefill" in self.ready.roles
 
     @property
     def kv_fraction_used(self) -> float:
@@ -103,29 +112,46 @@ class WorkerRegistry:
         ]
 
     # -- requests -------------------------------------------------------------------------
-    def choose(self, total_tokens: int) -> Worker | None:
-        """The least-loaded worker that serves alone and fits prompt + max_tokens."""
+    def choose(self, total_tokens: int, exclude: str = "") -> Worker | None:
+        """The least-loaded decode worker that fits prompt + max_tokens (it prefills what it is
+        given); with none, the least-loaded prefill worker, which then serves alone."""
         fits = [
             w
             for w in self._workers.values()
-            if w.can_serve and w.ready.max_model_len >= total_tokens
+            if w.ready.max_model_len >= total_tokens and w.worker_id != exclude
         ]
-        return min(fits, key=lambda w: w.load, default=None)
+        decoders = [w for w in fits if w.decodes]
+        return min(decoders or fits, key=lambda w: w.load, default=None)
+
+    def choose_prefill(self, total_tokens: int) -> Worker | None:
+        """The prefill worker with the fewest prompt tokens queued, when a decode worker is
+        there to take its prompts on (None: serve without the split)."""
+        fits = [w for w in self._workers.values() if w.ready.max_model_len >= total_tokens]
+        if not any(w.decodes for w in fits):
+            return None
+        prefill = [w for w in fits if w.prefill_only]
+        return min(
+            prefill, key=lambda w: (sum(w.prompt_tokens.values()), len(w.requests)), default=None
+        )
 
     def get(self, worker_id: str) -> Worker | None:
         return self._workers.get(worker_id)
 
-    def assign(self, worker_id: str, request_id: str) -> None:
-        self._workers[worker_id].requests.add(request_id)
+    def assign(self, worker_id: str, request_id: str, prompt_tokens: int = 0) -> None:
+        worker = self._workers[worker_id]
+        worker.requests.add(request_id)
+        if prompt_tokens:
+            worker.prompt_tokens[request_id] = prompt_tokens
 
     def release(self, worker_id: str, request_id: str) -> None:
         worker = self._workers.get(worker_id)
         if worker is not None:
             worker.requests.discard(request_id)
+            worker.prompt_tokens.pop(request_id, None)
 
     # -- views ----------------------------------------------------------------------------
     def ready_workers(self) -> list[Worker]:
-        return [w for w in self._workers.values() if w.can_serve]
+        return list(self._workers.values())
 
     def all_workers(self) -> list[Worker]:
         return list(self._workers.values())

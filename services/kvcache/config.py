@@ -22,6 +22,7 @@ class KVCacheConfig:
     shm_dir: str
     metrics_port: int = 0  # 0: no Prometheus endpoint
     summary_interval_s: float = 30.0
+    worker_timeout_s: float = 30.0  # a worker silent this long is gone: its slots are freed
 
 
 def mem_available_bytes() -> int:
@@ -62,6 +63,13 @@ def parse_kvcache_args(argv: list[str] | None, description: str | None = None) -
     p.add_argument("--disk-gb", type=float, default=8.0, help="disk tier cap; 0 turns it off")
     p.add_argument("--shm-dir", default=None, help="where the RAM segments live (/dev/shm)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1")
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=30.0,
+        help="seconds of silence after which a worker is gone and its granted and pinned "
+        "slots are freed (attached workers send something every 2 s)",
+    )
     a = p.parse_args(argv)
     ram_gb = default_ram_gb() if a.ram_gb is None else a.ram_gb
     if ram_gb < 0 or a.disk_gb < 0:
@@ -73,4 +81,5 @@ def parse_kvcache_args(argv: list[str] | None, description: str | None = None) -
         disk_bytes=int(a.disk_gb * GiB),
         shm_dir=a.shm_dir or default_shm_dir(),
         metrics_port=a.metrics_port,
+        worker_timeout_s=a.worker_timeout,
     )

@@ -57,6 +57,12 @@ class KVCacheCollector:
         held.add_metric(["ram"], ram.held_bytes)
         held.add_metric(["disk"], disk.bytes)
         yield held
+        slots = GaugeMetricFamily(
+            "skiff_kvcache_slots", "RAM slots lent to workers: granted, pinned", labels=["state"]
+        )
+        slots.add_metric(["granted"], ram.granted_slots)
+        slots.add_metric(["pinned"], ram.pinned_slots)
+        yield slots
         hits = CounterMetricFamily("skiff_kvcache_hits", "lookup hits per tier", labels=["tier"])
         hits.add_metric(["ram"], s.ram_hits)
         hits.add_metric(["disk"], s.disk_hits)

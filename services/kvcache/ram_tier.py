@@ -74,6 +74,14 @@ class Segment:
     def free(self) -> int:
         return len(self._free)
 
+    @property
+    def num_granted(self) -> int:
+        return len(self._granted)
+
+    @property
+    def num_pinned(self) -> int:
+        return len(self._pins)
+
     def granted_to(self, owner: bytes) -> list[int]:
         return sorted(s for s, o in self._granted.items() if o == owner)
 
@@ -226,6 +234,14 @@ class RamTier:
     @property
     def held_bytes(self) -> int:
         return sum(s.held * s.block_bytes for s in self.segments.values())
+
+    @property
+    def granted_slots(self) -> int:
+        return sum(s.num_granted for s in self.segments.values())
+
+    @property
+    def pinned_slots(self) -> int:
+        return sum(s.num_pinned for s in self.segments.values())
 
     def reclaim(self, owner: bytes) -> int:
         return sum(seg.reclaim(owner) for seg in self.segments.values())

@@ -6,11 +6,15 @@ tests drive it directly).
   new hello from a worker (same identity or same worker_id) reclaims its earlier grants and pins.
 - `KVPut` -> `KVGrant`: each block is indexed (or, already held, its slot freed) and written
   through to disk (its bytes copied out of the slot), so a restart finds every block; the grant
-  replaces as many slots as the put consumed.
+  replaces as many slots as the put consumed and echoes the put's `upto` (a worker that hands a
+  prompt on waits for it: the blocks are then found by any worker's lookup).
 - `KVLookup` -> `KVFound`: the hashes in order; a RAM hit pins its slot; else a disk hit is copied
   into a slot taken for it (evicting as a grant does), indexed and pinned; the run stops at the
   first miss (or when no slot can be taken).
-- `KVRelease`: unpins.
+- `KVRelease`: unpins. `KVAlive`: nothing but that the worker lives: a worker silent for the
+  worker timeout (attached workers send something every 2 s) is gone, and its grants and pins
+  are freed (`reap`), so a worker killed mid-restore or mid-put leaks no slot. One that was only
+  slow is answered `KVStale` and attaches again.
 - A message of another `instance` -> `KVStale`; a malformed one is counted and ignored.
 """
 
@@ -29,6 +33,7 @@ from services.kvcache.disk_tier import DiskTier
 from services.kvcache.metrics import KVStats, serve_metrics, snapshot, summary
 from services.kvcache.ram_tier import RamTier, Segment, remove_orphan_segments
 from shared.protocol import (
+    KVAlive,
     KVAttach,
     KVBlock,
     KVFound,
@@ -67,12 +72,14 @@ class KVCacheService:
         self._decode = decoder(WorkerToKV).decode
         self._workers: dict[bytes, Segment] = {}  # identity -> its model's segment
         self._by_id: dict[str, bytes] = {}  # worker_id -> identity
+        self._seen: dict[bytes, float] = {}  # identity -> when it last sent anything
         self._no_slots = Segment("", "", 0, 1)
 
-    def handle(self, frames: list[bytes]) -> list[bytes | KVToWorker]:
+    def handle(self, frames: list[bytes], now: float = 0.0) -> list[bytes | KVToWorker]:
         """One ROUTER message ([identity, payload]) -> [identity, reply] or [] (none)."""
         try:
             identity, payload = frames
+            self._seen[identity] = now or time.monotonic()
             msg = self._decode(payload)
             reply = self._dispatch(identity, msg)
         except Exception as e:  # a bad frame must never stop the service
@@ -85,7 +92,7 @@ class KVCacheService:
     def _dispatch(self, who: bytes, msg: object) -> KVToWorker | None:
         if isinstance(msg, KVHello):
             return self._hello(who, msg)
-        assert isinstance(msg, KVPut | KVLookup | KVRelease)
+        assert isinstance(msg, KVPut | KVLookup | KVRelease | KVAlive)
         seg = self._workers.get(who)
         if msg.instance != self.instance or seg is None:
             self.stats.stale += 1
@@ -94,6 +101,8 @@ class KVCacheService:
             return self._put(who, seg, msg)
         if isinstance(msg, KVLookup):
             return self._lookup(who, seg, msg)
+        if isinstance(msg, KVAlive):
+            return None
         for slot in msg.slots:
             if not seg.unpin(who, slot):
                 self.stats.malformed += 1
@@ -130,6 +139,18 @@ class KVCacheService:
         self.ram.reclaim(who)
         self._workers.pop(who, None)
 
+    def reap(self, now: float, timeout_s: float) -> int:
+        """Reclaims the workers silent for longer than timeout_s; how many."""
+        gone = [who for who, t in self._seen.items() if now - t > timeout_s]
+        for who in gone:
+            del self._seen[who]
+            for wid in [w for w, i in self._by_id.items() if i == who]:
+                del self._by_id[wid]
+            if who in self._workers:
+                self.reclaim(who)
+                _log(f"a worker silent for {timeout_s:.0f} s is gone: its slots are freed")
+        return len(gone)
+
     def _put(self, who: bytes, seg: Segment, msg: KVPut) -> KVGrant:
         consumed = 0
         for b in msg.blocks:
@@ -149,7 +170,7 @@ class KVCacheService:
                 self.disk.touch(seg.model_key, b.hash)  # on disk already: no second write
             elif self.disk.enabled:
                 self.disk.put(seg.model_key, b.hash, b.tokens, seg.view(b.slot).tobytes())
-        return KVGrant(self.instance, seg.grant(who, consumed))
+        return KVGrant(self.instance, seg.grant(who, consumed), msg.upto)
 
     def _lookup(self, who: bytes, seg: Segment, msg: KVLookup) -> KVFound:
         found: list[KVBlock] = []
@@ -204,7 +225,7 @@ def serve(config: KVCacheConfig) -> int:
             f"ready at {config.endpoint}, RAM tier {config.ram_bytes / GiB:.3g} GiB, disk tier "
             f"{disk_gb:.3g} GiB at {config.disk_dir} ({disk.blocks} blocks found)"
         )
-        _loop(sock, service, config.summary_interval_s, stopping)
+        _loop(sock, service, config, stopping)
         return 0
     finally:
         for s, handler in previous.items():
@@ -215,7 +236,8 @@ def serve(config: KVCacheConfig) -> int:
         disk.close()
 
 
-def _loop(sock: zmq.Socket, service: KVCacheService, every_s: float, stopping: list) -> None:
+def _loop(sock: zmq.Socket, service: KVCacheService, config: KVCacheConfig, stopping: list) -> None:
+    every_s = config.summary_interval_s
     encode = encoder().encode
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
@@ -233,6 +255,7 @@ def _loop(sock: zmq.Socket, service: KVCacheService, every_s: float, stopping: l
                     with contextlib.suppress(zmq.Again):  # a peer past its HWM: drop
                         sock.send_multipart([out[0], encode(out[1])], zmq.NOBLOCK)
         now = time.monotonic()
+        service.reap(now, config.worker_timeout_s)
         if now - last_log >= every_s:
             last_log = now
             seen = snapshot(stats, ram, disk)

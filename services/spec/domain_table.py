@@ -44,12 +44,14 @@ from collections.abc import Callable, Sequence
 import lmdb
 import msgspec
 
+from shared.protocol import DOMAIN_PATTERN
+
 TOP = 4  # next tokens kept per n-gram
 MIN_COUNT = 2  # a next token proposed only once seen this often after its n-gram
 MIN_SHARE = 0.5  # and as more than this share of the n-gram's observations
 _ENTRY_BYTES = 160  # an entry's share of the map (key, value, LMDB's page overhead), generous
 _SLACK = 64 << 20
-_DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_DOMAIN = re.compile(DOMAIN_PATTERN)
 _MAX_ID = 1 << 32
 
 

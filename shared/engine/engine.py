@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -104,6 +105,8 @@ class LLMEngine:
         # verified drafts: steps, and tokens drafted and accepted by proposer ("drafted:prompt")
         self.spec_stats: Counter[str] = Counter()
         self.speculate = True  # False: drafts are not asked for (the worker's batch rule)
+        # hears of every sequence that ends (with its reason) while it still holds its blocks
+        self.on_finish: Callable[[Sequence, str], None] | None = None
 
     @property
     def running(self) -> list[Sequence]:
@@ -236,6 +239,8 @@ class LLMEngine:
         self.scheduler.check_integrity()
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if self.on_finish is not None:
+            self.on_finish(seq, reason)
         self.scheduler.release(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason

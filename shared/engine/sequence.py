@@ -44,6 +44,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)
     draft_source: str = ""
     num_verifying: int = 0
+    domain: str = ""  # the spec service's domain n-gram table its drafts may come from
 
     @property
     def all_ids(self) -> list[int]:

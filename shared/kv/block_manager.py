@@ -16,6 +16,8 @@ Contract:
   restored from a tier silently.
 - `hashes(token_ids, n)` and `cached_run(hashes)`: a prompt's block hashes, and how many of them
   lead in the index (no references taken).
+- `partial_hash(parent, tokens)`: the name of a prompt's last, partial block in the tiers (a
+  hand-off between workers); the prefix index never holds one.
 - `check_integrity()` verifies refcounts, the free list and the hash index against each other.
 """
 
@@ -40,6 +42,12 @@ def chain_hash(parent: int, tokens: list[int], extra: bytes = b"") -> int:
     h.update(np.asarray(tokens, dtype=np.int32).tobytes())
     h.update(extra)
     return int.from_bytes(h.digest(), "little")
+
+
+def partial_hash(parent: int, tokens: list[int], extra: bytes = b"") -> int:
+    """A name for a block's first tokens (fewer than a block's): the last block of a prompt
+    that a prefill worker hands on through the kvcache. Never a full block's name."""
+    return chain_hash(parent, tokens, extra + b"partial")
 
 
 class BlockManager:

@@ -7,6 +7,8 @@ The worker's loop thread owns it and calls it between steps; it never blocks:
 - `lookup(hashes)` asks for a prompt's blocks beyond the KV pool's; the `KVFound` comes back
   through `poll()`, and `read(slot, block)` copies a found slot into a pool block; `release`
   hands the slots back once those copies are done.
+- `fence()` / `indexed(mark)`: whether every block stored so far is indexed by the kvcache (its
+  grant has echoed the put's `upto`), for a prefill worker handing a prompt on.
 - a kvcache that is gone costs nothing but its misses: messages to it are dropped, lookups are
   the caller's to time out, and a new kvcache process (a new `instance`) is attached to again.
 """
@@ -25,6 +27,7 @@ import zmq
 from shared.kv.block_io import block_bytes, load_block, save_block
 from shared.kv.kv_pool import KVPool
 from shared.protocol import (
+    KVAlive,
     KVAttach,
     KVBlock,
     KVFound,
@@ -42,6 +45,7 @@ from shared.protocol import (
 WANT_SLOTS = 64  # RAM slots held ahead for writing
 KNOWN_HASHES = 1 << 16  # hashes recently stored or restored: not copied out again
 REATTACH_S = 2.0  # a detached client says hello again this often
+ALIVE_S = 2.0  # an attached client silent this long sends a KVAlive (the kvcache's timeout: 10 s)
 
 
 class TierClient:
@@ -69,10 +73,13 @@ class TierClient:
         self.slots: torch.Tensor | None = None  # the mapped segment: [slots, block_bytes] uint8
         self.granted: deque[int] = deque()
         self.known: OrderedDict[int, None] = OrderedDict()
-        self._puts: list[tuple[torch.cuda.Event | None, KVBlock]] = []
+        self._puts: list[tuple[torch.cuda.Event | None, tuple[int, KVBlock]]] = []
+        self._serial = 0  # blocks stored (copied into slots), ever
+        self._acked = 0  # the highest `upto` a grant has echoed
         self._releases: list[tuple[torch.cuda.Event | None, list[int]]] = []
         self._ids = itertools.count(1)
         self._hello_at = 0.0
+        self._sent_at = 0.0  # the last message sent
         self._hailed: str | None = None  # the instance a KVStale named, once said hello to
         self.stats = {"stored": 0, "skipped_no_slot": 0, "dropped_sends": 0}
         self._hello()
@@ -96,6 +103,7 @@ class TierClient:
     # -- messages -----------------------------------------------------------------------------
 
     def _send(self, msg: object) -> None:
+        self._sent_at = time.monotonic()
         try:
             self.sock.send(self._enc.encode(msg), zmq.NOBLOCK)
         except zmq.Again:  # the kvcache is gone or far behind: what it misses is only a miss
@@ -132,10 +140,14 @@ class TierClient:
                 continue  # an answer of an earlier kvcache process
             elif isinstance(msg, KVGrant):
                 self.granted.extend(msg.slots)
+                self._acked = max(self._acked, msg.upto)
             elif isinstance(msg, KVFound):
                 found.append(msg)
-        if not self.attached and time.monotonic() - self._hello_at > REATTACH_S:
+        now = time.monotonic()
+        if not self.attached and now - self._hello_at > REATTACH_S:
             self._hello()
+        elif self.attached and now - self._sent_at > ALIVE_S:
+            self._send(KVAlive(self.instance))
         self._flush()
         return found
 
@@ -165,6 +177,7 @@ class TierClient:
         self.granted.clear()
         self.known.clear()
         self._puts.clear()
+        self._acked = self._serial  # what was in flight is lost, not pending
         self._releases.clear()
 
     def _event(self) -> torch.cuda.Event | None:
@@ -180,7 +193,7 @@ class TierClient:
         # the copies queued before an event that has completed are done; those after wait
         puts, self._puts = _split(self._puts)
         if puts:
-            self._send(KVPut(self.instance, puts))
+            self._send(KVPut(self.instance, [b for _, b in puts], puts[-1][0]))
         releases, self._releases = _split(self._releases)
         if releases:
             self._send(KVRelease(self.instance, [s for slots in releases for s in slots]))
@@ -201,9 +214,23 @@ class TierClient:
             return
         slot = self.granted.popleft()
         save_block(self.kv, block, self.slots[slot])
-        self._puts.append((self._event(), KVBlock(h, slot, list(tokens))))
+        self._serial += 1
+        self._puts.append((self._event(), (self._serial, KVBlock(h, slot, list(tokens)))))
         self._remember(h)
         self.stats["stored"] += 1
+
+    def fence(self) -> int:
+        """A mark for `indexed`: the blocks stored so far."""
+        return self._serial
+
+    def indexed(self, mark: int) -> bool:
+        """Whether the kvcache has indexed every block stored up to `mark` (a detached client's
+        blocks are lost, not pending: True)."""
+        return not self.attached or self._acked >= mark
+
+    def stored(self, h: int) -> bool:
+        """Whether the block of hash h was stored or restored here lately."""
+        return h in self.known
 
     def lookup(self, hashes: list[int]) -> int | None:
         """Asks for these blocks (a prompt's, in order); the id its KVFound will carry, or None

@@ -4,7 +4,8 @@ Owns what one-machine serving needs around the services themselves: which device
 the free ports that join the gateway and the workers, the command line of each process, their
 output (every line prefixed with the process's name), readiness (the gateway's /health), and
 shutdown (terminate, then kill). The services are started exactly as compose.yaml starts them
-(`python -m services.gateway`, `python -m services.decode`), so both paths run the same code.
+(`python -m services.gateway`, `python -m services.decode`, `python -m services.prefill` with
+`--prefill-devices`), so both paths run the same code.
 
 Imports no torch: CUDA devices are counted in a short-lived subprocess, so the supervisor holds
 neither torch's memory nor a CUDA context while the workers own the devices.
@@ -20,6 +21,7 @@ from shared.launch.plan import (
     local_endpoints,
     plan_processes,
     resolve_devices,
+    resolve_split,
 )
 from shared.launch.supervise import Child, Console, ready_workers, serve, supervise
 
@@ -36,6 +38,7 @@ __all__ = [
     "plan_processes",
     "ready_workers",
     "resolve_devices",
+    "resolve_split",
     "serve",
     "supervise",
 ]

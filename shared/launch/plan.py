@@ -4,6 +4,7 @@ processes and each process's command line."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import socket
 import subprocess
@@ -27,6 +28,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     devices: str = "auto"  # auto | cpu | cuda | comma-separated cpu / cuda:N
+    # prefill and decode as separate workers: both lists given (a device may be in both)
+    prefill_devices: str = ""
+    decode_devices: str = ""
     api_keys: tuple[str, ...] = ()
     served_model_name: str | None = None
     dtype: str | None = None  # None: each worker's default
@@ -60,6 +64,8 @@ class ServeConfig:
             host=args.host,
             port=args.port,
             devices=args.devices,
+            prefill_devices=args.prefill_devices or "",
+            decode_devices=args.decode_devices or "",
             api_keys=tuple(args.api_key or ()),
             served_model_name=args.served_model_name,
             dtype=args.dtype,
@@ -91,6 +97,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--devices",
         default="auto",
         help="auto (every CUDA device, else the CPU), cpu, cuda, or a list such as cuda:0,cuda:1",
+    )
+    p.add_argument(
+        "--prefill-devices",
+        default=None,
+        help="prefill workers' devices (e.g. cuda:0 or cpu): they compute prompts and hand "
+        "them on, through the kvcache, to the decode workers; with --decode-devices, instead "
+        "of --devices",
+    )
+    p.add_argument(
+        "--decode-devices",
+        default=None,
+        help="decode workers' devices (e.g. cuda:1,cuda:2); a device may also be a prefill one",
     )
     p.add_argument("--api-key", action="append", help="accepted bearer token; repeat for several")
     p.add_argument("--served-model-name", default=None, help="model name of the API")
@@ -194,6 +212,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 # -- devices --------------------------------------------------------------------------------------
 
 
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity: a container's share)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def count_cuda_devices(timeout_s: float = 120.0) -> int:
     """CUDA devices torch sees, asked of a subprocess (0 when torch or CUDA is unusable)."""
     try:
@@ -227,6 +250,19 @@ def resolve_devices(spec: str, cuda_count: Callable[[], int] = count_cuda_device
         # Two workers on one device would each size their KV pool from the same free memory.
         raise ValueError(f"--devices names a device twice: {spec}")
     return devices
+
+
+def resolve_split(config: ServeConfig) -> tuple[list[str], list[str]] | None:
+    """(prefill devices, decode devices) when both are given, None when neither is."""
+    prefill, decode = config.prefill_devices.strip(), config.decode_devices.strip()
+    if not prefill and not decode:
+        return None
+    if not prefill or not decode:
+        raise ValueError("--prefill-devices and --decode-devices go together")
+    for spec in (prefill, decode):
+        if spec.lower() in ("auto", "cuda"):
+            raise ValueError(f"name the devices of each role (cpu, cuda:N), not {spec!r}")
+    return resolve_devices(prefill), resolve_devices(decode)
 
 
 # -- processes ------------------------------------------------------------------------------------
@@ -275,8 +311,14 @@ def _url_host(host: str) -> str:
 
 
 def plan_processes(
-    config: ServeConfig, devices: list[str], endpoints: Endpoints, python: str = sys.executable
+    config: ServeConfig,
+    devices: list[str],
+    endpoints: Endpoints,
+    python: str = sys.executable,
+    prefill: list[str] | None = None,
 ) -> Plan:
+    """With `prefill` devices, `devices` are the decode workers' and the prompts are computed
+    by prefill workers, which hand them on through the kvcache (on for every worker then)."""
     model = str(config.model)
     gateway = [
         python, "-m", "services.gateway",
@@ -309,7 +351,11 @@ def plan_processes(
     # The tiers for CPU workers only, until the GPU path (a block's copies queued layer by
     # layer beside the steps) is measured not to slow W2/W3; by hand, `--kvcache` works there
     kv_devices = [d for d in devices if d == "cpu"]
+    if prefill:  # the prompts' blocks move through the RAM tier
+        kv_devices = sorted({*devices, *prefill})
     tiers_on = config.kv_ram_gb != 0 or config.kv_disk_gb != 0
+    if prefill and not tiers_on:
+        tiers_on = True  # the RAM tier carries the hand-offs even when asked off
     if endpoints.kvcache and tiers_on and kv_devices:
         kvcache = [python, "-m", "services.kvcache", "--endpoint", endpoints.kvcache]
         tiers = {"--ram-gb": config.kv_ram_gb, "--disk-gb": config.kv_disk_gb,
@@ -324,11 +370,20 @@ def plan_processes(
     spec_extra = (
         ["--spec-max-tokens", str(config.spec_max_tokens)] if config.spec_max_tokens else []
     )
+    roles = [("worker", "services.decode", d) for d in devices]
+    if prefill:
+        roles = [("prefill", "services.prefill", d) for d in prefill] + [
+            ("decode", "services.decode", d) for d in devices
+        ]
+    threads = []
+    n_cpu = sum(d == "cpu" for _, _, d in roles)
+    if config.threads is None and n_cpu > 1:  # CPU workers share the cores
+        threads = ["--threads", str(max(1, cpu_count() // n_cpu))]
     workers = {
-        f"worker {d}": [
+        f"{role} {d}": [
             python,
             "-m",
-            "services.decode",
+            module,
             "--model",
             model,
             "--device",
@@ -338,6 +393,7 @@ def plan_processes(
             "--gateway-tokens",
             endpoints.tokens,
             *extra,
+            *(threads if d == "cpu" else []),
             *(
                 ["--kvcache", endpoints.kvcache]
                 if "kvcache" in services and d in kv_devices
@@ -345,11 +401,11 @@ def plan_processes(
             ),
             *(
                 ["--spec", endpoints.spec, *spec_extra]
-                if "spec" in services and d in spec_devices
+                if "spec" in services and d in spec_devices and role != "prefill"
                 else []
             ),
         ]  # fmt: skip
-        for d in devices
+        for role, module, d in roles
     }
     base = f"http://{_url_host(config.host)}:{config.port}"
     return Plan(gateway, workers, f"{base}/health", f"{base}/v1", config.model_name, services)

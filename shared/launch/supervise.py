@@ -26,6 +26,7 @@ from shared.launch.plan import (
     local_endpoints,
     plan_processes,
     resolve_devices,
+    resolve_split,
 )
 
 
@@ -256,24 +257,30 @@ def serve(
     cuda_count: Callable[[], int] = count_cuda_devices,
 ) -> int:
     """`skiff serve`: 0 once a signal stops it; non-zero if it cannot start or the gateway dies."""
-    console = Console(out or sys.stdout, err or sys.stderr, width=len("worker cuda:0"))
+    console = Console(out or sys.stdout, err or sys.stderr, width=len("prefill cuda:0"))
     if not config.model.is_file():
         console.say(f"error: no such model file: {config.model}")
         return 2
     if not _port_is_free(config.host, config.port):
         console.say(f"error: {config.host}:{config.port} is in use; pass another --port")
         return 2
-    if config.devices.strip().lower() in ("auto", "cuda"):
-        console.say("looking for CUDA devices")
     try:
-        devices = resolve_devices(config.devices, cuda_count)
+        split = resolve_split(config)
+        if split is None and config.devices.strip().lower() in ("auto", "cuda"):
+            console.say("looking for CUDA devices")
+        prefill, devices = split or ([], resolve_devices(config.devices, cuda_count))
     except ValueError as e:
         console.say(f"error: {e}")
         return 2
     except KeyboardInterrupt:  # Ctrl-C while torch looks for devices: nothing started yet
         return 130
-    console.say(f"{config.model.name}: {len(devices)} worker(s), on {', '.join(devices)}")
-    plan = plan_processes(config, devices, local_endpoints())
+    if prefill:
+        console.say(
+            f"{config.model.name}: prefill on {', '.join(prefill)}, decode on {', '.join(devices)}"
+        )
+    else:
+        console.say(f"{config.model.name}: {len(devices)} worker(s), on {', '.join(devices)}")
+    plan = plan_processes(config, devices, local_endpoints(), prefill=prefill)
     stop, hurry = threading.Event(), threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:

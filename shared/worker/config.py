@@ -52,7 +52,9 @@ def default_dtype(device: str) -> str:
     return "bfloat16" if device.startswith("cuda") else "float32"
 
 
-def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
+def parse_worker_args(
+    argv: list[str] | None, role_help: str, roles: tuple[str, ...] = ROLES
+) -> WorkerConfig:
     env = os.environ.get
     p = argparse.ArgumentParser(description=role_help)
     p.add_argument("--model", default=env("SKIFF_MODEL"), help="GGUF file (env SKIFF_MODEL)")
@@ -183,4 +185,5 @@ def parse_worker_args(argv: list[str] | None, role_help: str) -> WorkerConfig:
         spec_max_tokens=a.spec_max_tokens,
         spec_max_batch=a.spec_max_batch,
         worker_id=a.worker_id,
+        roles=roles,
     )

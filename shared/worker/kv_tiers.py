@@ -2,6 +2,10 @@
 here (never the loop) for their lookup, then enter the engine with those blocks restored into
 the KV pool, named as the prefix cache names them, so that only the rest is computed.
 
+A request a prefill worker handed on (a prompt and its first token) also looks up the prompt's
+last, partial block (`partial_hash`): found, it joins the sequence's block table with the
+full blocks before it, so that only the first token is computed.
+
 A lookup unanswered within RESTORE_TIMEOUT_S (a kvcache busy or gone) lets its prompt in
 without it. A found block is used only when its hash is the prompt's block hash at that place
 and its token ids are the prompt's; the run stops at the first that is not.
@@ -12,12 +16,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from shared.engine import Sequence
 from shared.engine.engine import LLMEngine
 from shared.kv import OutOfBlocks
-from shared.kv.block_manager import ROOT_HASH
+from shared.kv.block_manager import ROOT_HASH, partial_hash
 from shared.kv.tier_client import TierClient
-from shared.protocol import KVFound
+from shared.protocol import KVBlock, KVFound
 
 RESTORE_TIMEOUT_S = 1.0
 
@@ -28,6 +34,7 @@ class _Parked:
     hashes: list[int]  # the prompt's full blocks' hashes (those the pool holds first)
     in_pool: int  # how many lead in the pool
     deadline: float
+    tail: list[int]  # a handed-on prompt's tokens after its full blocks (its partial block)
 
 
 class KVTiers:
@@ -36,6 +43,10 @@ class KVTiers:
         self.client = client
         self._parked: dict[int, _Parked] = {}  # lookup id ->
         self.stats = {"lookups": 0, "timeouts": 0, "blocks_restored": 0, "mismatches": 0}
+        # restores' copy time (the RAM tier into the pool), for their bandwidth: on a GPU, by
+        # events read once they have passed
+        self._timing: list[tuple[object, object]] = []
+        self._restore_us = 0
         # every named block is copied out once: when named (so that a restart finds it), or
         # when about to be reused if that found no slot or no kvcache
         engine.blocks.on_commit = engine.blocks.on_evict = client.store
@@ -47,6 +58,7 @@ class KVTiers:
             "stored": c["stored"], "restored": self.stats["blocks_restored"],
             "lookups": self.stats["lookups"], "timeouts": self.stats["timeouts"],
             "mismatches": self.stats["mismatches"], "no_slot": c["skipped_no_slot"],
+            "restore_us": self._restore_us,
         }  # fmt: skip
 
     @property
@@ -56,16 +68,22 @@ class KVTiers:
     def admit(self, seq: Sequence) -> bool:
         """True when seq waits for a lookup (it enters the engine from `poll`)."""
         blocks = self.engine.blocks
-        ids = seq.prompt_ids
-        # the last prompt token is always computed (the scheduler's rule), so its block is not
-        hashes = blocks.hashes(ids, (len(ids) - 1) // blocks.block_size)
+        ids = seq.all_ids  # a resumed request's tokens so far (a prompt and its first token)
+        # the last token is always computed (the scheduler's rule), so its block is not
+        full = (len(ids) - 1) // blocks.block_size
+        hashes = blocks.hashes(ids, full)
         in_pool = blocks.cached_run(hashes)
-        lookup_id = self.client.lookup(hashes[in_pool:])
+        ask = hashes[in_pool:]
+        tail = ids[full * blocks.block_size : -1] if seq.output_ids else []
+        if tail:
+            parent = hashes[-1] if hashes else ROOT_HASH
+            ask.append(partial_hash(parent, tail, blocks.extra_key))
+        lookup_id = self.client.lookup(ask)
         if lookup_id is None:
             return False
         self.stats["lookups"] += 1
         deadline = time.monotonic() + RESTORE_TIMEOUT_S
-        self._parked[lookup_id] = _Parked(seq, hashes, in_pool, deadline)
+        self._parked[lookup_id] = _Parked(seq, hashes, in_pool, deadline, tail)
         return True
 
     def abort(self, seq_id: int) -> bool:
@@ -81,9 +99,12 @@ class KVTiers:
         for found in self.client.poll():
             parked = self._parked.pop(found.lookup_id, None)
             if parked is not None:
+                start = self._clock()
                 self._restore(parked, found)
+                self._timing.append((start, self._clock()))
                 ready.append(parked.seq)
             self.client.release(found)
+        self._read_timing()
         now = time.monotonic()
         for lookup_id, p in list(self._parked.items()):
             if now > p.deadline:
@@ -92,8 +113,26 @@ class KVTiers:
                 ready.append(p.seq)
         return ready
 
+    def _clock(self) -> object:
+        if not self.client.cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def _read_timing(self) -> None:
+        while self._timing:
+            start, end = self._timing[0]
+            if not self.client.cuda:
+                self._restore_us += int((end - start) * 1e6)
+            elif end.query():
+                self._restore_us += int(start.elapsed_time(end) * 1e3)
+            else:
+                return
+            self._timing.pop(0)
+
     def _restore(self, p: _Parked, found: KVFound) -> None:
-        blocks, bs, ids = self.engine.blocks, self.engine.blocks.block_size, p.seq.prompt_ids
+        blocks, bs, ids = self.engine.blocks, self.engine.blocks.block_size, p.seq.all_ids
         # a reference on the pool's leading blocks while the restored ones are allocated, so
         # that the allocation cannot evict them
         held, _ = blocks.match_prefix(ids, p.in_pool)
@@ -101,9 +140,13 @@ class KVTiers:
             blocks.free(held)
             return
         restored: list[int] = []
+        partial = None
         try:
             for i, b in enumerate(found.blocks):
                 at = p.in_pool + i
+                if at == len(p.hashes) and p.tail and b.tokens == p.tail:
+                    partial = b  # checked against its hash below
+                    break
                 tokens = ids[at * bs : (at + 1) * bs]
                 if at >= len(p.hashes) or b.hash != p.hashes[at] or b.tokens != tokens:
                     self.stats["mismatches"] += 1
@@ -121,3 +164,27 @@ class KVTiers:
             # takes them when this prompt is scheduled
             blocks.free(held + restored)
         self.stats["blocks_restored"] += len(restored)
+        if partial is not None and p.in_pool + len(restored) == len(p.hashes):
+            self._attach_partial(p, partial)
+
+    def _attach_partial(self, p: _Parked, b: KVBlock) -> None:
+        """The handed-on prompt's partial block, after all its full ones: the sequence enters
+        the engine holding them, its prompt computed."""
+        blocks, seq = self.engine.blocks, p.seq
+        parent = p.hashes[-1] if p.hashes else ROOT_HASH
+        if b.hash != partial_hash(parent, p.tail, blocks.extra_key):
+            self.stats["mismatches"] += 1
+            return
+        held, hashes = blocks.match_prefix(seq.all_ids, len(p.hashes))
+        if len(held) != len(p.hashes):
+            blocks.free(held)
+            return
+        try:
+            (block,) = blocks.allocate(1)
+        except OutOfBlocks:
+            blocks.free(held)
+            return
+        self.client.read(b.slot, block, b.hash)
+        seq.block_table, seq.block_hashes = [*held, block], hashes
+        seq.num_computed = seq.num_cached_tokens = len(seq.all_ids) - 1
+        self.stats["blocks_restored"] += 1

@@ -65,7 +65,8 @@ class SpecClient:
             if not k or seq.num_inflight:
                 continue
             start = self._sent.get(seq.seq_id, 0)
-            items.append(SpecSeq(seq.seq_id, start, seq.token_slice(start, seq.num_tokens), k))
+            tokens = seq.token_slice(start, seq.num_tokens)
+            items.append(SpecSeq(seq.seq_id, start, tokens, k, seq.domain))
         if not items:
             return
         self._last_try = now
@@ -83,7 +84,7 @@ class SpecClient:
         while a decode step waits for its first proposal."""
         if self._down or seq.seq_id in self._sent:
             return
-        item = SpecSeq(seq.seq_id, 0, seq.token_slice(0, seq.num_tokens), 0)
+        item = SpecSeq(seq.seq_id, 0, seq.token_slice(0, seq.num_tokens), 0, seq.domain)
         if self._send(SpecAsk([item])):
             self._sent[seq.seq_id] = len(item.tokens)
             self._out.append(time.monotonic())

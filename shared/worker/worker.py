@@ -36,10 +36,11 @@ from shared.protocol import (
     WorkerReady,
     encoder,
 )
-from shared.sampling import SamplingParams, make_generator
+from shared.sampling import SamplingParams
 from shared.worker.config import WorkerConfig, cpu_threads
 from shared.worker.control import ControlChannel
 from shared.worker.kv_tiers import KVTiers
+from shared.worker.roles import HandOffFactory, HandOffRole, resumed_generator
 from shared.worker.spec_client import SpecClient
 from shared.worker.stalls import StallLog
 
@@ -72,8 +73,10 @@ class WorkerLoop:
         spec: SpecClient | None = None,
         spec_max_tokens: int = 8,
         spec_max_batch: int = 16,
+        handoff: HandOffRole | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.handoff = handoff  # a prefill worker's prompts handed on to decode workers
         self.tiers = tiers  # the kvcache service's RAM and disk tiers, if any
         self.spec = spec  # the spec service's proposals, if any
         self.spec_max_tokens = spec_max_tokens
@@ -111,13 +114,18 @@ class WorkerLoop:
             if self.tiers is not None:
                 for seq in self.tiers.poll():
                     self.engine.add(seq)
+            if self.handoff is not None:
+                self.handoff.poll()
             if self.engine.has_work():
                 if self.spec is not None:
                     self._take_drafts()
                 self._step()
 
     def _restoring(self) -> bool:
-        return self.tiers is not None and self.tiers.waiting
+        """Waiting on the kvcache: a lookup's answer, or the indexing of handed-on blocks."""
+        return (self.tiers is not None and self.tiers.waiting) or (
+            self.handoff is not None and self.handoff.waiting
+        )
 
     def _drain(self, wait: float) -> None:
         try:
@@ -145,15 +153,23 @@ class WorkerLoop:
             if req.max_tokens < 1:
                 raise ValueError(f"max_tokens must be at least 1, got {req.max_tokens}")
             seq_id = next(self._ids)
+            if len(req.output_ids) >= req.max_tokens:
+                raise ValueError(
+                    f"{len(req.output_ids)} tokens given of max_tokens {req.max_tokens}"
+                )
             seq = Sequence(
                 seq_id,
                 list(req.prompt_ids),
                 params,
                 req.max_tokens,
                 frozenset(req.stop_ids),
-                make_generator(s.seed, self.device),
+                resumed_generator(req, self.device),
+                output_ids=list(req.output_ids),
+                domain=req.domain,
                 spec=DraftLength(self.spec_max_tokens) if self.spec is not None else None,
             )
+            if self.handoff is not None:
+                self.handoff.admit(req, seq)
             self.engine.check(seq)
             if self.tiers is None or not self.tiers.admit(seq):
                 self.engine.add(seq)
@@ -167,6 +183,8 @@ class WorkerLoop:
 
     def _abort(self, request_id: str) -> None:
         seq_id = self._seq_of.pop(request_id, None)
+        if self.handoff is not None:
+            self.handoff.forget(-1 if seq_id is None else seq_id, request_id)
         if seq_id is not None:
             self._request_of.pop(seq_id, None)
             if self.tiers is None or not self.tiers.abort(seq_id):
@@ -211,16 +229,17 @@ class WorkerLoop:
 
     def _token_out(self, ev: TokenEvent) -> TokenOut:
         rid = self._request_of[ev.seq_id]
-        if ev.finish_reason is not None:
+        finish = ev.finish_reason
+        if finish is not None:
             self._request_of.pop(ev.seq_id)
             self._seq_of.pop(rid, None)
+            if self.handoff is not None and self.handoff.hands_on(ev.seq_id, finish):
+                finish = None  # the request goes on on a decode worker
         top_ids = top_lps = None
         if ev.top is not None:
             top_ids = [t for t, _ in ev.top]
             top_lps = [lp for _, lp in ev.top]
-        return TokenOut(
-            rid, ev.token_id, ev.logprob, top_ids, top_lps, ev.finish_reason, ev.cached_tokens
-        )
+        return TokenOut(rid, ev.token_id, ev.logprob, top_ids, top_lps, finish, ev.cached_tokens)
 
     def _fail_all(self, message: str) -> None:
         for seq_id, rid in list(self._request_of.items()):
@@ -249,7 +268,7 @@ def _tiers(ctx: zmq.Context, cfg: WorkerConfig, wid: str, loaded: LoadedEngine) 
     return KVTiers(engine, client)
 
 
-def run_worker(cfg: WorkerConfig) -> int:
+def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
     wid = cfg.resolved_id()
     if cfg.device == "cpu":
         torch.set_num_threads(cpu_threads(cfg.threads))
@@ -300,9 +319,14 @@ def run_worker(cfg: WorkerConfig) -> int:
             )
         spec = SpecClient(ctx, cfg.spec, wid, lambda msg: log(wid, msg))
         log(wid, f"speculation: drafts of up to {cfg.spec_max_tokens} tokens from {cfg.spec}")
+    role = None
+    if handoff is not None:
+        role = handoff(engine, tiers.client if tiers is not None else None, control.send)
+        if tiers is None:
+            log(wid, "prefill role without the kvcache: decode workers recompute the prompts")
     loop = WorkerLoop(
         wid, loaded, control, tokens, cfg.device, tiers, spec, cfg.spec_max_tokens,
-        cfg.spec_max_batch,
+        cfg.spec_max_batch, role,
     )  # fmt: skip
     holder.append(loop)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -319,3 +319,16 @@ def test_gateway_imports_no_runtime() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+def test_domain_reaches_the_worker_from_the_body_or_the_api_key(make_server, make_worker) -> None:
+    server = make_server(api_keys=("k1", "k2"), key_domains={"k1": "sql"})
+    worker = make_worker(server, "w1")
+    body = {"model": NAME, "prompt": "hi", "max_tokens": 2}
+    cases = [("k1", {}, "sql"), ("k1", {"domain": "code"}, "code"), ("k2", {}, "")]
+    for key, extra, want in cases:
+        status, out = http(server.url + COMP, {**body, **extra}, key=key)
+        assert status == 200, out
+        assert worker.generates[-1].domain == want, (key, extra)
+    for bad in ("", "-x", "a b", 7, "x" * 65):
+        assert_error(*http(server.url + COMP, {**body, "domain": bad}, key="k2"), 400, "domain")

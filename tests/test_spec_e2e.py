@@ -1,6 +1,6 @@
 """Speculation with real processes: a gateway, a CPU worker and `python -m services.spec`.
-50 greedy prompts (code edits from standard-library sources, and prose) answer the same text
-with speculation on as off, on SmolLM2 and Gemma 3, and the drafts were used (the gateway's
+50 greedy prompts (code edits from standard-library sources, and prose), 25 on SmolLM2 and 25
+on Gemma 3, answer the same text with speculation on as off, and the drafts were used (the gateway's
 /metrics); the spec service killed while requests run: none fails, each answers the same, and
 the worker uses the service again once it is back."""
 
@@ -75,9 +75,13 @@ def _serve(model: Path, spec: Spec | None) -> Cluster:
     return Cluster(model, 1, worker_args=args).start()
 
 
-# functions of at most 20 lines: shorter prompts keep the four servings of 50 prompts within
-# minutes on two cores (the 40-line ones took 9 minutes together)
-PROMPTS = code_edits(25, max_lines=20) + prose(25)
+# 50 prompts (functions of at most 20 lines, and prose), half served by each model: the four
+# servings of 50 prompts each took 21 minutes of CI's two cores (the 40-line ones more)
+_CODE, _PROSE = code_edits(26, max_lines=20), prose(24)
+PROMPTS = {
+    "smollm2": _CODE[:13] + _PROSE[:12],
+    "gemma3": _CODE[13:] + _PROSE[12:],
+}
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
@@ -85,20 +89,20 @@ def test_greedy_answers_unchanged_and_drafts_used(which: str, request) -> None:
     model = request.getfixturevalue(f"{which}_path")
     c = _serve(model, None)
     try:
-        plain = _answers(c, PROMPTS)
+        plain = _answers(c, PROMPTS[which])
     finally:
         c.stop()
     spec = Spec().start()
     c = _serve(model, spec)
     try:
-        speculated = _answers(c, PROMPTS)
+        speculated = _answers(c, PROMPTS[which])
         accepted = _spec_metric(c, "accepted")
     finally:
         c.stop()
         spec.stop()
     diff = [i for i, (a, b) in enumerate(zip(plain, speculated, strict=True)) if a != b]
-    assert not diff, [(PROMPTS[i][:60], plain[i], speculated[i]) for i in diff[:3]]
-    assert accepted > 50, accepted  # the code edits copy their prompts: drafts held
+    assert not diff, [(PROMPTS[which][i][:60], plain[i], speculated[i]) for i in diff[:3]]
+    assert accepted > 25, accepted  # the code edits copy their prompts: drafts held
 
 
 def test_spec_service_killed_mid_run(smollm2_path: Path) -> None:

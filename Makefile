@@ -52,7 +52,7 @@ lint: $(STAMP)
 pytest: $(STAMP) models
 	# Triton kernels run on the CPU under the interpreter (small shapes); natively on a GPU
 	TRITON_INTERPRET=1 SKIFF_MODELS_DIR=$(MODELS) $(PY) -m pytest -q -p no:cacheprovider \
-	  -n $(JOBS) --dist worksteal --durations=25
+	  -n $(JOBS) --durations=25
 
 test: lint pytest
 

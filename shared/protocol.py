@@ -9,6 +9,10 @@ Sockets (DESIGN.md, "The wire"):
 - worker DEALER <-> kvcache ROUTER: `WorkerToKV` up, `KVToWorker` down. The KV bytes never ride
   these messages: on one host they sit in the kvcache's shared-memory segment of fixed-size slots
   (one block each), which both processes map; a message names slots by number.
+- pipeline stages of one worker, a ring of PUSH -> PULL: stage 0 (the worker) sends a `StageStep`
+  to stage 1, each stage sends its layers' output on to the next, the last back to stage 0; the
+  activations ride as raw frames after the header (x, then the residual stream if any). Stages
+  report `StageReady` / `StageFailed` to stage 0's control PULL.
 Each message is one msgpack frame; its tag (a short string) says which struct it is.
 """
 
@@ -254,6 +258,54 @@ class SpecDrafts(_Msg, tag="specdrafts"):
     unknown: list[int] = []  # sequences asked about from start > 0 it has no copy of: resend
 
 
+# -- pipeline stages ------------------------------------------------------------------------------
+
+
+class StageBatch(msgspec.Struct, array_like=True, gc=False):
+    """A step's ForwardBatch as host lists (``ForwardBatch.to_lists``), for every stage to
+    rebuild on its own device."""
+
+    token_ids: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    logits_rows: list[int]
+    block_tables: list[int]  # [sequences, width] flattened
+    width: int
+    query_start_loc: list[int]
+    seq_lens: list[int]
+
+
+class StageStep(_Msg, tag="stagestep"):
+    """One micro-batch through the stages. Frames after this header: x, and the residual
+    stream when there is one, each [tokens, d_model], C order, of the torch dtype `dtypes`
+    names (each stage computes in its own)."""
+
+    step: int  # stage 0's count: a reply answers the step it names
+    batch: StageBatch
+    dtypes: list[str]  # one per frame: x's, then the residual's
+
+
+class StageStop(_Msg, tag="stagestop"):
+    """Stage 0 stops: each stage passes it on and exits."""
+
+
+class StageReady(_Msg, tag="stageready"):
+    stage: int
+    device: str  # e.g. "cpu", "cuda:1"
+    kind: str  # the device's name
+    layers: list[int]  # [first, last)
+    kv_blocks: int
+    choices: str = ""  # the kernels this stage chose (its device's profile), for the start table
+
+
+class StageFailed(_Msg, tag="stagefailed"):
+    stage: int
+    error: str
+
+
+StageToStage = StageStep | StageStop
+StageToLead = StageReady | StageFailed
+
 WorkerToKV = KVHello | KVPut | KVLookup | KVRelease | KVAlive
 KVToWorker = KVAttach | KVGrant | KVFound | KVStale
 WorkerToSpec = SpecAsk | SpecEnd
@@ -266,7 +318,7 @@ WorkerTokens = StepTokens
 ALL_MESSAGES = (
     Generate, Abort, WorkerReady, Heartbeat, Rejected, Prefilled, StepTokens,
     KVHello, KVPut, KVLookup, KVRelease, KVAlive, KVAttach, KVGrant, KVFound, KVStale,
-    SpecAsk, SpecEnd, SpecDrafts,
+    SpecAsk, SpecEnd, SpecDrafts, StageStep, StageStop, StageReady, StageFailed,
 )  # fmt: skip
 
 

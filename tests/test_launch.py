@@ -383,3 +383,23 @@ def test_bad_role_splits_are_refused(prefill: str, decode: str) -> None:
     config = ServeConfig(Path("/m.gguf"), prefill_devices=prefill, decode_devices=decode)
     with pytest.raises(ValueError):
         launch.resolve_split(config)
+
+
+def test_a_pipeline_is_one_worker_over_the_devices() -> None:
+    endpoints = Endpoints(*(f"tcp://127.0.0.1:{p}" for p in (5001, 5002, 5003, 5004)))
+    args = build_parser().parse_args(
+        ["serve", "/m.gguf", "--devices", "cuda:0,cpu", "--layer-split", "20,12"]
+    )
+    config = ServeConfig.from_args(args)
+    assert config.pipeline and config.layer_split == "20,12"  # a split implies --pipeline
+    devices = launch.resolve_devices(config.devices, _no_cuda, repeats=config.pipeline)
+    plan = launch.plan_processes(config, devices, endpoints, python="py")
+    assert list(plan.workers) == ["pipeline cuda:0+cpu"]
+    worker = plan.workers["pipeline cuda:0+cpu"]
+    assert _flag(worker, "--device") == "cuda:0"
+    assert _flag(worker, "--stages") == "cpu"
+    assert _flag(worker, "--layer-split") == "20,12"
+    # two stages on one device: repeats are a pipeline's only
+    assert launch.resolve_devices("cpu,cpu", _no_cuda, repeats=True) == ["cpu", "cpu"]
+    with pytest.raises(ValueError, match="twice"):
+        launch.resolve_devices("cpu,cpu", _no_cuda)

@@ -17,6 +17,9 @@ from shared.kv.calibrate import calibrate
 from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
 from shared.model import load_model
+from shared.model.causal_lm import LayerSpan
+from shared.pipeline.build import plan_stages, start_stages
+from shared.pipeline.lead import Pipeline
 from shared.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,10 @@ class EngineConfig:
     dense_copies: str = "auto"  # auto / on / off: dense copies of packed weights (big batches)
     # CPU: quantized linears as torch's int4 planes (int4_linear), else float copies ("float")
     cpu_weights: str = "int4"
+    # pipeline stages after this device's (shared.pipeline): their devices, and the layers of
+    # every stage, this one first (empty: split evenly)
+    stages: tuple[str, ...] = ()
+    layer_split: tuple[int, ...] = ()
 
 
 @dataclass
@@ -51,6 +58,11 @@ class LoadedEngine:
     engine: LLMEngine
     tokenizer: Tokenizer
     gguf: GGUFFile
+    pipeline: Pipeline | None = None  # the stage processes after this one, if any
+
+    def close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
 
 
 def _default_kv_blocks(
@@ -94,20 +106,32 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     if cfg.cpu_weights not in ("int4", "float"):
         raise ValueError(f"cpu_weights {cfg.cpu_weights!r}: int4 or float")
     int4 = cfg.cpu_weights == "int4" and torch.device(cfg.device).type == "cpu"
+    kv_dtype = resolve_kv_dtype(cfg.kv_dtype, dtype, cfg.device)
+    split, planned_blocks = [], 0
+    if cfg.stages:
+        split, planned_blocks = plan_stages(cfg, f, kv_dtype)
+    span = LayerSpan(0, split[0], True) if cfg.stages else None
     model = load_model(
-        f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies, cpu_int4=int4
-    )
+        f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies, cpu_int4=int4,
+        span=span,
+    )  # fmt: skip
     mc = model.cfg
     max_len = cfg.max_model_len or min(mc.context_length, 8192)
-    kv_dtype = resolve_kv_dtype(cfg.kv_dtype, dtype, cfg.device)
     num_blocks = cfg.kv_blocks or _default_kv_blocks(
-        cfg, mc.n_layers, mc.n_kv_heads, mc.head_dim, kv_dtype
+        cfg, len(model.layers), mc.n_kv_heads, mc.head_dim, kv_dtype
     )
+    if planned_blocks:  # every stage's pool has this many: the smallest fits all
+        num_blocks = min(num_blocks, planned_blocks)
     kv = KVPool(
-        mc.n_layers, num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, kv_dtype, cfg.device,
-        cfg.kv_scales,
+        len(model.layers), num_blocks, cfg.block_size, mc.n_kv_heads, mc.head_dim, kv_dtype,
+        cfg.device, cfg.kv_scales,
     )  # fmt: skip
     tokenizer = load_tokenizer(f.metadata)
+    pipeline = None
+    if cfg.stages:
+        if kv.head_scales:
+            raise ValueError("FP8 per-head KV scales are not calibrated across pipeline stages")
+        pipeline = start_stages(cfg, kv, model, split)
     if kv.head_scales:
         t = time.perf_counter()
         n = calibrate(model, kv, tokenizer)
@@ -117,14 +141,14 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         log.warning("kv_scales 'head' is for an fp8 KV cache; this one is %s", kv_dtype)
     graphs = None
     on_cuda = torch.device(cfg.device).type == "cuda" and model.ops.name == "triton"
-    if cfg.cuda_graphs != "off" and on_cuda:
+    if cfg.cuda_graphs != "off" and on_cuda and pipeline is None:
         mixed = cfg.max_batch_tokens if cfg.cuda_graphs == "all" else 0
 
         def make(tokens: int) -> StepGraphs:
             return StepGraphs(model, kv, cfg.max_seqs, max_len, tokens)
 
         graphs = capture_graphs(make, mixed)
-    runner = ModelRunner(model, kv, cfg.device, graphs)
+    runner = ModelRunner(pipeline or model, kv, cfg.device, graphs)
     blocks = BlockManager(
         num_blocks,
         cfg.block_size,
@@ -140,5 +164,10 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         overlap=cfg.overlap,
         step_target_ms=cfg.step_target_ms,
     )
-    warm_up(engine, cfg.device)
-    return LoadedEngine(engine, tokenizer, f)
+    try:
+        warm_up(engine, cfg.device)
+    except BaseException:
+        if pipeline is not None:
+            pipeline.close()
+        raise
+    return LoadedEngine(engine, tokenizer, f, pipeline)

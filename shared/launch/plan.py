@@ -31,6 +31,9 @@ class ServeConfig:
     # prefill and decode as separate workers: both lists given (a device may be in both)
     prefill_devices: str = ""
     decode_devices: str = ""
+    # one worker whose model is split over every device of --devices as pipeline stages
+    pipeline: bool = False
+    layer_split: str = ""  # the stages' layers, e.g. "20,12" ("": planned by the worker)
     api_keys: tuple[str, ...] = ()
     served_model_name: str | None = None
     dtype: str | None = None  # None: each worker's default
@@ -66,6 +69,8 @@ class ServeConfig:
             devices=args.devices,
             prefill_devices=args.prefill_devices or "",
             decode_devices=args.decode_devices or "",
+            pipeline=args.pipeline or bool(args.layer_split),
+            layer_split=args.layer_split or "",
             api_keys=tuple(args.api_key or ()),
             served_model_name=args.served_model_name,
             dtype=args.dtype,
@@ -109,6 +114,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--decode-devices",
         default=None,
         help="decode workers' devices (e.g. cuda:1,cuda:2); a device may also be a prefill one",
+    )
+    p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="one worker whose model is split by layers over the --devices (in that order) as "
+        "pipeline stages, e.g. --devices cuda:0,cpu: the split is planned from each device's "
+        "free memory and measured bandwidth",
+    )
+    p.add_argument(
+        "--layer-split",
+        default=None,
+        help="with --pipeline (implied): the layers of each stage, e.g. 20,12",
     )
     p.add_argument("--api-key", action="append", help="accepted bearer token; repeat for several")
     p.add_argument("--served-model-name", default=None, help="model name of the API")
@@ -232,7 +249,9 @@ def count_cuda_devices(timeout_s: float = 120.0) -> int:
         return 0
 
 
-def resolve_devices(spec: str, cuda_count: Callable[[], int] = count_cuda_devices) -> list[str]:
+def resolve_devices(
+    spec: str, cuda_count: Callable[[], int] = count_cuda_devices, repeats: bool = False
+) -> list[str]:
     """One device name per worker. `cuda_count` is only called when the spec needs it."""
     spec = spec.strip().lower()
     if spec in ("auto", "cuda"):
@@ -246,7 +265,7 @@ def resolve_devices(spec: str, cuda_count: Callable[[], int] = count_cuda_device
     for d in devices:
         if not _DEVICE.fullmatch(d):
             raise ValueError(f"--devices: {d!r} is not cpu or cuda:N")
-    if len(set(devices)) != len(devices):
+    if len(set(devices)) != len(devices) and not repeats:
         # Two workers on one device would each size their KV pool from the same free memory.
         raise ValueError(f"--devices names a device twice: {spec}")
     return devices
@@ -371,6 +390,11 @@ def plan_processes(
         ["--spec-max-tokens", str(config.spec_max_tokens)] if config.spec_max_tokens else []
     )
     roles = [("worker", "services.decode", d) for d in devices]
+    stages = []
+    if config.pipeline:  # stage 0 is the worker; it starts the stage processes itself
+        roles = [("pipeline", "services.decode", devices[0])]
+        stages = ["--stages", ",".join(devices[1:])] if len(devices) > 1 else []
+        stages += ["--layer-split", config.layer_split] if config.layer_split else []
     if prefill:
         roles = [("prefill", "services.prefill", d) for d in prefill] + [
             ("decode", "services.decode", d) for d in devices
@@ -380,7 +404,7 @@ def plan_processes(
     if config.threads is None and n_cpu > 1:  # CPU workers share the cores
         threads = ["--threads", str(max(1, cpu_count() // n_cpu))]
     workers = {
-        f"{role} {d}": [
+        f"{role} {'+'.join(devices) if role == 'pipeline' else d}": [
             python,
             "-m",
             module,
@@ -393,6 +417,7 @@ def plan_processes(
             "--gateway-tokens",
             endpoints.tokens,
             *extra,
+            *stages,
             *(threads if d == "cpu" else []),
             *(
                 ["--kvcache", endpoints.kvcache]

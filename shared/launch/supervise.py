@@ -268,7 +268,12 @@ def serve(
         split = resolve_split(config)
         if split is None and config.devices.strip().lower() in ("auto", "cuda"):
             console.say("looking for CUDA devices")
-        prefill, devices = split or ([], resolve_devices(config.devices, cuda_count))
+        if split is not None and config.pipeline:
+            raise ValueError("--pipeline splits one worker over --devices; not with prefill/decode")
+        prefill, devices = split or (
+            [],
+            resolve_devices(config.devices, cuda_count, repeats=config.pipeline),
+        )
     except ValueError as e:
         console.say(f"error: {e}")
         return 2
@@ -278,6 +283,8 @@ def serve(
         console.say(
             f"{config.model.name}: prefill on {', '.join(prefill)}, decode on {', '.join(devices)}"
         )
+    elif config.pipeline:
+        console.say(f"{config.model.name}: one worker, pipeline stages on {', '.join(devices)}")
     else:
         console.say(f"{config.model.name}: {len(devices)} worker(s), on {', '.join(devices)}")
     plan = plan_processes(config, devices, local_endpoints(), prefill=prefill)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -93,6 +94,26 @@ class ForwardBatch:
             seq_lens.append(end)
         width = max((len(c.block_table) for c in chunks), default=0)
         tables = [b for c in chunks for b in (*c.block_table, *[0] * (width - len(c.block_table)))]
+        return ForwardBatch.from_lists(
+            ids, pos, slots, rows, tables, width, starts, seq_lens, device, extra, pinned
+        )
+
+    @staticmethod
+    def from_lists(
+        ids: list[int],
+        pos: list[int],
+        slots: list[int],
+        rows: list[int],
+        tables: list[int],
+        width: int,
+        starts: list[int],
+        seq_lens: list[int],
+        device: torch.device | str,
+        extra: list[int] | tuple[int, ...] = (),
+        pinned: Callable[[int], torch.Tensor] | None = None,
+    ) -> ForwardBatch:
+        """The batch from its host lists (build's, or a pipeline stage's copy of another
+        stage's batch: ``to_lists``); tables: the [sequences, width] block tables flattened."""
         i64, i32 = torch.int64, torch.int32
         parts = [(ids, i64), (pos, i64), (slots, i64), (rows, i64), (list(extra), i64),
                  (tables, i32), (starts, i32), (seq_lens, i32)]  # fmt: skip
@@ -103,14 +124,24 @@ class ForwardBatch:
             packed = pack(parts, pinned)
             tensors = views(*packed)
         return ForwardBatch(
-            **_packed_fields(tensors, len(chunks), width),
+            **_packed_fields(tensors, len(seq_lens), width),
             query_start_loc=starts,
             seq_lens=seq_lens,
-            max_query_len=max((len(c.token_ids) for c in chunks), default=0),
+            max_query_len=max((b - a for a, b in itertools.pairwise(starts)), default=0),
             max_seq_len=max(seq_lens, default=0),
             all_rows=len(rows) == len(ids),  # rows rise within range(len(ids)): all of them
             packed=packed,
         )
+
+    def to_lists(self) -> tuple:
+        """from_lists's arguments before `device` (the token ids as this step has them on the
+        device: an overlapped step's tokens in flight filled in)."""
+        width = self.block_tables.shape[1]
+        return (
+            self.token_ids.tolist(), self.positions.tolist(), self.slot_mapping.tolist(),
+            self.logits_rows.tolist(), self.block_tables.flatten().tolist(), width,
+            list(self.query_start_loc), list(self.seq_lens),
+        )  # fmt: skip
 
     def on_device(self, device: torch.device | str) -> ForwardBatch:
         """A batch built into pinned memory, copied to `device` in one copy (else itself)."""

@@ -19,13 +19,13 @@ from shared.model.weights import WeightLoader
 
 
 class Gemma3Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, w: WeightLoader, layer: int, kv_layer: int) -> None:
         super().__init__()
         p = f"blk.{layer}"
         self.eps = cfg.rms_eps
         self.norm = w.ops.rms_norm
         self.attn_norm = w.vector(f"{p}.attn_norm.weight", cfg.d_model)
-        self.attn = Attention(cfg, w, layer, None)
+        self.attn = Attention(cfg, w, layer, None, kv_layer)
         self.post_attn_norm = w.vector(f"{p}.post_attention_norm.weight", cfg.d_model)
         self.ffn_norm = w.vector(f"{p}.ffn_norm.weight", cfg.d_model)
         self.mlp = GatedMLP(cfg, w, layer, gelu=True)
@@ -40,8 +40,8 @@ class Gemma3Layer(nn.Module):
 
 
 class Gemma3ForCausalLM(CausalLM):
-    def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> nn.Module:
-        return Gemma3Layer(cfg, w, layer)
+    def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int, kv_layer: int) -> nn.Module:
+        return Gemma3Layer(cfg, w, layer, kv_layer)
 
     def embed_scale(self) -> float:
         return math.sqrt(self.cfg.d_model)

@@ -18,13 +18,18 @@ from shared.model.weights import WeightLoader
 
 class LlamaLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, w: WeightLoader, layer: int, rope_factors: torch.Tensor | None
+        self,
+        cfg: ModelConfig,
+        w: WeightLoader,
+        layer: int,
+        rope_factors: torch.Tensor | None,
+        kv_layer: int,
     ) -> None:
         super().__init__()
         self.eps = cfg.rms_eps
         self.add_norm = w.ops.add_rms_norm_int8
         self.attn_norm = w.vector(f"blk.{layer}.attn_norm.weight", cfg.d_model)
-        self.attn = Attention(cfg, w, layer, rope_factors)
+        self.attn = Attention(cfg, w, layer, rope_factors, kv_layer)
         self.ffn_norm = w.vector(f"blk.{layer}.ffn_norm.weight", cfg.d_model)
         self.mlp = GatedMLP(cfg, w, layer, gelu=False)
 
@@ -81,20 +86,21 @@ class LlamaLayer(nn.Module):
 
 class LlamaForCausalLM(CausalLM):
     def run_layers(
-        self, x: torch.Tensor, batch: ForwardBatch, kv: KVPool
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
-        residual, ahead = None, None
+        ahead = None
         last = len(self.layers) - 1
-        # after the last layer, the final norm for the LM head when it reads every row
-        head = (self.norm, _Head(self)) if batch.all_rows else None
+        # after the last layer, the final norm for the LM head when it reads every row (a
+        # pipeline stage hands its last layer's output on unnormed)
+        head = (self.norm, _Head(self)) if batch.all_rows and self.whole else None
         for i, layer in enumerate(self.layers):
             nxt = self.layers[i + 1] if i < last else None
             nxt = (nxt.attn_norm, nxt.attn) if nxt is not None else head
             x, residual, ahead = layer(x, residual, batch, kv, ahead, nxt)
         return x, residual, ahead
 
-    def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int) -> nn.Module:
-        return LlamaLayer(cfg, w, layer, self.rope_factors)
+    def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int, kv_layer: int) -> nn.Module:
+        return LlamaLayer(cfg, w, layer, self.rope_factors, kv_layer)
 
 
 class _Head:

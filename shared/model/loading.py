@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from shared.loader import GGUFFile
-from shared.model.causal_lm import CausalLM
+from shared.model.causal_lm import CausalLM, LayerSpan
 from shared.model.config import ModelConfig
 from shared.model.dense_copies import add_dense_copies
 from shared.model.gemma3 import Gemma3ForCausalLM
@@ -29,18 +29,20 @@ def load_model(
     ops: str = "auto",
     dense_copies: str = "off",
     cpu_int4: bool = False,
+    span: LayerSpan | None = None,
 ) -> CausalLM:
     """`cache_dequantized` defaults to True on the CPU, where per-call dequantization dominates;
     `ops` picks the op implementations: "auto" (Triton on CUDA), "torch" or "triton";
     `dense_copies` (auto / on / off): dense copies of packed weights beside them for batches of
     more than 16 rows (shared.model.dense_copies); `cpu_int4`: on the CPU, quantized linears of
     the 32-element affine types kept as 4-bit planes for torch's int4 GEMM
-    (shared.model.int4_linear) instead of float copies."""
+    (shared.model.int4_linear) instead of float copies; `span`: a pipeline stage's layers (and
+    ends), only their tensors read."""
     cfg = ModelConfig.from_gguf(f)
     if cache_dequantized is None:
         cache_dequantized = torch.device(device).type == "cpu"
     w = WeightLoader(f, device, compute_dtype, cache_dequantized, ops_for(device, ops), cpu_int4)
-    model = ARCHITECTURES[cfg.arch](cfg, w).eval()
+    model = ARCHITECTURES[cfg.arch](cfg, w, span).eval()
     tune_linears(model)
     add_dense_copies(model, dense_copies)
     return model

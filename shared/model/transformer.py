@@ -15,13 +15,18 @@ class Attention(nn.Module):
     """Q/K/V projections (optional bias, per-head QK-norm), RoPE, paged KV write, attention."""
 
     def __init__(
-        self, cfg: ModelConfig, w: WeightLoader, layer: int, rope_factors: torch.Tensor | None
+        self,
+        cfg: ModelConfig,
+        w: WeightLoader,
+        layer: int,
+        rope_factors: torch.Tensor | None,
+        kv_layer: int | None = None,
     ) -> None:
         super().__init__()
         p = f"blk.{layer}"
         self.cfg = cfg
         self.ops = w.ops
-        self.layer = layer
+        self.layer = layer if kv_layer is None else kv_layer  # its KV's layer in the pool
         self.qkv = w.split_linear(
             [f"{p}.attn_q", f"{p}.attn_k", f"{p}.attn_v"],
             [cfg.q_dim, cfg.kv_dim, cfg.kv_dim],

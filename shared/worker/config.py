@@ -34,6 +34,8 @@ class WorkerConfig:
     spec: str = ""  # the spec service's ROUTER (draft proposals); "": no speculation
     spec_max_tokens: int = 8  # the longest draft a step verifies
     spec_max_batch: int = 16  # more running sequences than this: no speculation
+    stages: tuple[str, ...] = ()  # pipeline stages after `device`: their devices
+    layer_split: tuple[int, ...] = ()  # layers per stage, `device`'s first (empty: even)
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -158,6 +160,19 @@ def parse_worker_args(
         default=16,
         help="no speculation while more sequences than this run (their steps are big enough)",
     )
+    p.add_argument(
+        "--stages",
+        default=env("SKIFF_STAGES", ""),
+        help="pipeline parallelism: the devices of the stages after --device's, comma-separated "
+        "(e.g. cuda:1 or cpu); each runs in a process of its own with a range of layers "
+        "(env SKIFF_STAGES; default none: one device holds the model)",
+    )
+    p.add_argument(
+        "--layer-split",
+        default=env("SKIFF_LAYER_SPLIT", ""),
+        help="with --stages: the layers of each stage, --device's first, e.g. 20,12 "
+        "(default: as even as can be)",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -184,6 +199,15 @@ def parse_worker_args(
         spec=a.spec,
         spec_max_tokens=a.spec_max_tokens,
         spec_max_batch=a.spec_max_batch,
+        stages=tuple(d.strip() for d in a.stages.split(",") if d.strip()),
+        layer_split=_counts(p, a.layer_split),
         worker_id=a.worker_id,
         roles=roles,
     )
+
+
+def _counts(p: argparse.ArgumentParser, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        p.error(f"--layer-split {text!r}: comma-separated layer counts, e.g. 20,12")

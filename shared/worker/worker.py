@@ -89,6 +89,7 @@ class WorkerLoop:
         self.tokens = tokens
         self.device = device
         self.stopped = threading.Event()
+        self.broken = ""  # why the worker stopped by itself (a lost pipeline stage)
         self._enc = encoder()
         self._ids = itertools.count()
         self._seq_of: dict[str, int] = {}
@@ -199,6 +200,9 @@ class WorkerLoop:
         except Exception as exc:  # a failed step fails its requests, never the worker
             traceback.print_exc()
             self._fail_all(f"the worker's engine step failed: {exc}")
+            if getattr(exc, "fatal", False):  # nothing more can run here (a stage is gone)
+                self.broken = str(exc)
+                self.stopped.set()
             return
         self._step_s = time.perf_counter() - start
         self.stalls.step(self._step_s, self._step_summary)
@@ -289,6 +293,8 @@ def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
             dense_copies=cfg.dense_copies,
             cuda_graphs=cfg.cuda_graphs,
             cpu_weights=cfg.cpu_weights,
+            stages=cfg.stages,
+            layer_split=cfg.layer_split,
         )
     )
     engine = loaded.engine
@@ -340,6 +346,7 @@ def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
     try:
         loop.run()
     finally:
+        loaded.close()
         loop.stalls.close()
         if tiers is not None:
             tiers.client.close()
@@ -348,5 +355,8 @@ def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
         control.stop()
         tokens.close(linger=0)
         ctx.term()
+    if loop.broken:
+        log(wid, f"stopped: {loop.broken}")
+        return 1
     log(wid, "stopped")
     return 0

@@ -1,0 +1,81 @@
+"""A worker's pipeline at start: the split (planned from the devices, or as asked), printed as a
+table, and the stage processes after stage 0 started and ready."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import torch
+
+from shared.kv import KVPool
+from shared.loader import GGUFFile
+from shared.model.config import ModelConfig
+from shared.pipeline.lead import Pipeline, StageOptions, StageSpec
+from shared.pipeline.plan import DeviceProfile, PlanError, model_sizes, plan, profile
+
+
+def profiles(devices: list[str]) -> list[DeviceProfile]:
+    """Each device measured once; stages sharing a device (two CPU stages) share its memory,
+    each named apart for the planner (cpu, cpu#2)."""
+    seen: dict[str, DeviceProfile] = {}
+    for d in devices:
+        if d not in seen:
+            seen[d] = profile(d)
+    count = {d: devices.count(d) for d in devices}
+    out, k = [], {d: 0 for d in devices}
+    for d in devices:
+        k[d] += 1
+        p = seen[d]
+        name = p.name if k[d] == 1 else f"{p.name}#{k[d]}"
+        out.append(replace(p, name=name, free_bytes=p.free_bytes // count[d]))
+    return out
+
+
+def plan_stages(cfg, f: GGUFFile, kv_dtype: torch.dtype) -> tuple[list[int], int]:
+    """(layers per stage, KV blocks every stage can hold) for the EngineConfig `cfg` with
+    stages: `cfg.layer_split` checked, else planned from the devices' free memory and
+    measured bandwidth so that the slowest stage is as fast as can be (shared.pipeline.plan).
+    The plan's table goes to stderr. PlanError (a ValueError) says what does not fit."""
+    mc = ModelConfig.from_gguf(f)
+    per_token_layer = KVPool.bytes_per_block(
+        1, 1, mc.n_kv_heads, mc.head_dim, kv_dtype, cfg.kv_scales
+    )
+    max_len = cfg.max_model_len or min(mc.context_length, 8192)
+    devices = [cfg.device, *cfg.stages]
+    try:
+        chosen = plan(
+            profiles(devices), model_sizes(f, per_token_layer), cfg.block_size, max_len,
+            cfg.layer_split or None,
+        )  # fmt: skip
+    except PlanError as exc:
+        raise PlanError(f"pipeline over {','.join(devices)}: {exc}") from exc
+    print(f"pipeline plan ({'as asked' if cfg.layer_split else 'planned'}):", file=sys.stderr)
+    print(chosen.table(), file=sys.stderr, flush=True)
+    return list(chosen.layer_split), chosen.kv_blocks
+
+
+def start_stages(cfg, kv: KVPool, model, split: list[int]) -> Pipeline:
+    """The stage processes after stage 0, each with its layers and kv's block count, ready."""
+    specs, first = [], split[0]
+    for device, n in zip(cfg.stages, split[1:], strict=True):
+        specs.append(StageSpec(device, first, first + n))
+        first += n
+    opts = StageOptions(
+        cfg.model_path, kv.num_blocks, cfg.block_size, cfg.kv_dtype, cfg.cpu_weights,
+        cfg.dense_copies,
+    )  # fmt: skip
+    pipeline = Pipeline(model, kv, specs, opts, torch.device(cfg.device), getattr(torch, cfg.dtype))
+    try:
+        for r in pipeline.wait_ready():
+            first, last = r.layers
+            print(
+                f"pipeline stage {r.stage} ready on {r.device} ({r.kind}): layers {first}-"
+                f"{last - 1}, {r.kv_blocks} KV blocks, {r.choices}",
+                file=sys.stderr,
+                flush=True,
+            )
+    except BaseException:
+        pipeline.close()
+        raise
+    return pipeline

@@ -35,7 +35,8 @@ def warm_up(engine: LLMEngine, device: str, token_id: int = 1) -> None:
     if budget is None:
         return
     budget.cost.reset()
-    limit = engine.scheduler.max_batch_tokens
+    # at most a step's budget, and within the context with the 4 tokens each one decodes
+    limit = min(engine.scheduler.max_batch_tokens, engine.max_model_len - 4)
     for i, n in enumerate(CALIBRATION_LENGTHS):
         # ids apart from the warm-up's and each other's: no prefix hit shortens a prompt
         ids = [token_id + 1 + (i * 7 + j) % 23 for j in range(min(n, limit))]

@@ -128,9 +128,11 @@ def combined(smollm2_path: Path) -> list[tuple[str, int]]:
         c.stop()
 
 
-@pytest.fixture
-def split(smollm2_path: Path, tmp_path: Path) -> Split:
-    s = Split(smollm2_path, tmp_path)
+@pytest.fixture(scope="module")
+def split(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Split:
+    """One set of processes for the module: the fault tests run last and restart the roles
+    they kill (the kvcache's, the last, is not needed after it)."""
+    s = Split(smollm2_path, tmp_path_factory.mktemp("split"))
     yield s
     s.stop()
 

@@ -399,6 +399,10 @@ def test_a_pipeline_is_one_worker_over_the_devices() -> None:
     assert _flag(worker, "--device") == "cuda:0"
     assert _flag(worker, "--stages") == "cpu"
     assert _flag(worker, "--layer-split") == "20,12"
+    # the KV tiers hold one pool's layers: not a pipeline's yet
+    cpu = dataclasses.replace(config, devices="cpu,cpu", layer_split="")
+    plan = launch.plan_processes(cpu, ["cpu", "cpu"], endpoints, python="py")
+    assert "kvcache" not in plan.services and "--kvcache" not in plan.workers["pipeline cpu+cpu"]
     # two stages on one device: repeats are a pipeline's only
     assert launch.resolve_devices("cpu,cpu", _no_cuda, repeats=True) == ["cpu", "cpu"]
     with pytest.raises(ValueError, match="twice"):

@@ -234,7 +234,7 @@ def _stream(client, model_name: str, results: list, i: int) -> None:
         for chunk in client.completions.create(
             model=model_name,
             prompt=f"Count slowly from {i}:",
-            max_tokens=400,
+            max_tokens=200,  # seconds of decoding: the kill lands mid-stream
             temperature=0,
             stream=True,
             extra_body={"ignore_eos": True},

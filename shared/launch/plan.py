@@ -369,7 +369,7 @@ def plan_processes(
     services = {}
     # The tiers for CPU workers only, until the GPU path (a block's copies queued layer by
     # layer beside the steps) is measured not to slow W2/W3; by hand, `--kvcache` works there
-    kv_devices = [d for d in devices if d == "cpu"]
+    kv_devices = [d for d in devices if d == "cpu" and not config.pipeline]  # not yet there
     if prefill:  # the prompts' blocks move through the RAM tier
         kv_devices = sorted({*devices, *prefill})
     tiers_on = config.kv_ram_gb != 0 or config.kv_disk_gb != 0

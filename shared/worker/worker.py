@@ -258,6 +258,9 @@ def _tiers(ctx: zmq.Context, cfg: WorkerConfig, wid: str, loaded: LoadedEngine) 
     pool's blocks can leave it (prefix caching on; no FP8 per-head scales)."""
     if not cfg.kvcache:
         return None
+    if loaded.pipeline is not None:
+        log(wid, "KV tiers off: a pipelined worker's blocks span its stages' pools (not yet)")
+        return None
     engine = loaded.engine
     kv = engine.runner.kv
     key = tier_key(kv, engine.blocks.extra_key)

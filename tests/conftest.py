@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.interpreter_speed import speed_up_interpreter
 from tests.tiers import mark_exhaustive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +22,8 @@ REAL_MODELS = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        speed_up_interpreter()
     # Every test module finds the real models through these variables; default them to the
     # files `make models` fetched.
     for env, filename in REAL_MODELS.items():

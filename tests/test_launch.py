@@ -388,7 +388,8 @@ def test_bad_role_splits_are_refused(prefill: str, decode: str) -> None:
 def test_a_pipeline_is_one_worker_over_the_devices() -> None:
     endpoints = Endpoints(*(f"tcp://127.0.0.1:{p}" for p in (5001, 5002, 5003, 5004)))
     args = build_parser().parse_args(
-        ["serve", "/m.gguf", "--devices", "cuda:0,cpu", "--layer-split", "20,12"]
+        ["serve", "/m.gguf", "--devices", "cuda:0,cpu", "--layer-split", "20,12",
+         "--memory-gib", "20,12"]  # fmt: skip
     )
     config = ServeConfig.from_args(args)
     assert config.pipeline and config.layer_split == "20,12"  # a split implies --pipeline
@@ -399,6 +400,7 @@ def test_a_pipeline_is_one_worker_over_the_devices() -> None:
     assert _flag(worker, "--device") == "cuda:0"
     assert _flag(worker, "--stages") == "cpu"
     assert _flag(worker, "--layer-split") == "20,12"
+    assert _flag(worker, "--memory-gib") == "20,12"
     # the KV tiers hold one pool's layers: not a pipeline's yet
     cpu = dataclasses.replace(config, devices="cpu,cpu", layer_split="")
     plan = launch.plan_processes(cpu, ["cpu", "cpu"], endpoints, python="py")

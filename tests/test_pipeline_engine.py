@@ -35,11 +35,17 @@ PROMPTS = [
 ]
 
 
-def _engine(path: Path, stages: tuple[str, ...] = (), split: tuple[int, ...] = ()):
+def _engine(
+    path: Path,
+    stages: tuple[str, ...] = (),
+    split: tuple[int, ...] = (),
+    memory_gib: tuple[float, ...] = (),
+):
     # small steps: the long prompts go in chunks beside the others' decodes
     cfg = EngineConfig(
-        model_path=str(path), kv_blocks=96, max_batch_tokens=48, stages=stages, layer_split=split
-    )
+        model_path=str(path), kv_blocks=96, max_batch_tokens=48, stages=stages,
+        layer_split=split, memory_gib=memory_gib,
+    )  # fmt: skip
     return build_engine(cfg)
 
 
@@ -126,6 +132,11 @@ def test_a_bad_split_or_device_is_refused_at_start(smollm2_path: Path) -> None:
         _engine(smollm2_path, ("cpu",), (10, 10))
     with pytest.raises(ValueError, match="pipeline over cpu,nowhere:0: device nowhere:0"):
         _engine(smollm2_path, ("nowhere:0",), (15, 15))
+    # a stage without memory for its part: the numbers (weights, KV, reserve; free)
+    with pytest.raises(ValueError, match=r"cpu, the first stage, .* needs .* 0\.05 GiB free"):
+        _engine(smollm2_path, ("cpu",), memory_gib=(0.05, 1.0))
+    with pytest.raises(ValueError, match="2 values for 3 stages"):
+        _engine(smollm2_path, ("cpu", "cpu"), memory_gib=(1.0, 1.0))
 
 
 def test_a_stage_that_fails_to_load_is_named(smollm2_path: Path, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """W7: a model over pipeline stages against one stage, through the engine (no HTTP).
 
     python -m tools.bench_pipeline MODEL.gguf --layouts cuda:0 cuda:0,cuda:0 cuda:0,cpu
-        [--split cuda:0,cpu=30,2] [--concurrency 1 64 256] [--prompt 64] [--gen 32]
+        [--split cuda:0,cpu=30,2] [--memory cuda:0,cuda:0=20,12] [--concurrency 1 64 256]
+        [--prompt 64] [--gen 32]
 
 Per layout (the first is the one-stage reference): the start (load, stages ready, warm-up),
 the greedy tokens of four prompts against the reference's (how many agree, position by
@@ -25,6 +26,7 @@ from shared.sampling import SamplingParams
 def _config(a: argparse.Namespace, layout: str, blocks: int) -> EngineConfig:
     devices = layout.split(",")
     split = dict(s.split("=") for s in a.split).get(layout, "")
+    memory = dict(s.split("=") for s in a.memory).get(layout, "")
     return EngineConfig(
         model_path=a.model,
         device=devices[0],
@@ -33,6 +35,7 @@ def _config(a: argparse.Namespace, layout: str, blocks: int) -> EngineConfig:
         kv_blocks=blocks,
         stages=tuple(devices[1:]),
         layer_split=tuple(int(n) for n in split.split(",") if n),
+        memory_gib=tuple(float(g) for g in memory.split(",") if g),
     )
 
 
@@ -57,6 +60,7 @@ def main() -> None:
     p.add_argument("model")
     p.add_argument("--layouts", nargs="+", default=["cuda:0", "cuda:0,cuda:0", "cuda:0,cpu"])
     p.add_argument("--split", nargs="*", default=[], help="LAYOUT=N,M: that layout's split")
+    p.add_argument("--memory", nargs="*", default=[], help="LAYOUT=G,H: its stages' GiB caps")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--gen", type=int, default=32)

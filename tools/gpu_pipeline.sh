@@ -18,10 +18,12 @@ BIG=/tmp/l3-q4_k_m.gguf
 LAYOUTS=${W7_LAYOUTS:-cuda:0 cuda:0,cuda:0 cuda:0,cpu}
 small=$(ls .device/models/synthetic/llama-L4-*Q4_K_M.gguf | head -1)
 timeout ${SMALL_S:-150} python3 -m tools.bench_pipeline "$small" --layouts $LAYOUTS \
+  --memory ${W7_MEMORY:-cuda:0,cuda:0=20,12} \
   --concurrency 1 16 --gen 16 --check 24 2>&1 | tee "$OUT/small.log" | grep '^{' | tee "$OUT/small.jsonl"
 for _ in $(seq 1 300); do grep -q "wrote\|GB" "$OUT/model.txt" 2>/dev/null && break; sleep 1; done
 cat "$OUT/model.txt"
 timeout ${BIG_S:-330} python3 -m tools.bench_pipeline $BIG --layouts $LAYOUTS \
-  --concurrency ${W7_C:-1 64 256} ${W7_SPLIT:+--split $W7_SPLIT} 2>&1 | tee "$OUT/w7.log" \
+  --concurrency ${W7_C:-1 64 256} ${W7_SPLIT:+--split $W7_SPLIT} \
+  --memory ${W7_MEMORY:-cuda:0,cuda:0=20,12} 2>&1 | tee "$OUT/w7.log" \
   | grep '^{' | tee "$OUT/w7.jsonl"
 cache_save

@@ -18,7 +18,7 @@ from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
 from shared.model import load_model
 from shared.model.causal_lm import LayerSpan
-from shared.pipeline.build import plan_stages, start_stages
+from shared.pipeline.build import cap_memory, plan_stages, start_stages
 from shared.pipeline.lead import Pipeline
 from shared.tokenizer import Tokenizer, load_tokenizer
 
@@ -51,6 +51,7 @@ class EngineConfig:
     # every stage, this one first (empty: split evenly)
     stages: tuple[str, ...] = ()
     layer_split: tuple[int, ...] = ()
+    memory_gib: tuple[float, ...] = ()  # each stage's memory cap (a GPU's allocations too)
 
 
 @dataclass
@@ -110,6 +111,8 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     split, planned_blocks = [], 0
     if cfg.stages:
         split, planned_blocks = plan_stages(cfg, f, kv_dtype)
+        if cfg.memory_gib:
+            cap_memory(cfg.device, cfg.memory_gib[0])
     span = LayerSpan(0, split[0], True) if cfg.stages else None
     model = load_model(
         f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies, cpu_int4=int4,

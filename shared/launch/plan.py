@@ -34,6 +34,7 @@ class ServeConfig:
     # one worker whose model is split over every device of --devices as pipeline stages
     pipeline: bool = False
     layer_split: str = ""  # the stages' layers, e.g. "20,12" ("": planned by the worker)
+    memory_gib: str = ""  # the stages' memory caps, e.g. "20,12" ("": each device's free memory)
     api_keys: tuple[str, ...] = ()
     served_model_name: str | None = None
     dtype: str | None = None  # None: each worker's default
@@ -71,6 +72,7 @@ class ServeConfig:
             decode_devices=args.decode_devices or "",
             pipeline=args.pipeline or bool(args.layer_split),
             layer_split=args.layer_split or "",
+            memory_gib=args.memory_gib or "",
             api_keys=tuple(args.api_key or ()),
             served_model_name=args.served_model_name,
             dtype=args.dtype,
@@ -126,6 +128,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--layer-split",
         default=None,
         help="with --pipeline (implied): the layers of each stage, e.g. 20,12",
+    )
+    p.add_argument(
+        "--memory-gib",
+        default=None,
+        help="with --pipeline: the memory each stage may use, GiB, e.g. 20,12 (one GPU can "
+        "stand in for a smaller pair)",
     )
     p.add_argument("--api-key", action="append", help="accepted bearer token; repeat for several")
     p.add_argument("--served-model-name", default=None, help="model name of the API")
@@ -395,6 +403,7 @@ def plan_processes(
         roles = [("pipeline", "services.decode", devices[0])]
         stages = ["--stages", ",".join(devices[1:])] if len(devices) > 1 else []
         stages += ["--layer-split", config.layer_split] if config.layer_split else []
+        stages += ["--memory-gib", config.memory_gib] if config.memory_gib else []
     if prefill:
         roles = [("prefill", "services.prefill", d) for d in prefill] + [
             ("decode", "services.decode", d) for d in devices

@@ -12,24 +12,38 @@ from shared.kv import KVPool
 from shared.loader import GGUFFile
 from shared.model.config import ModelConfig
 from shared.pipeline.lead import Pipeline, StageOptions, StageSpec
-from shared.pipeline.plan import DeviceProfile, PlanError, model_sizes, plan, profile
+from shared.pipeline.plan import GIB, DeviceProfile, PlanError, model_sizes, plan, profile
 
 
-def profiles(devices: list[str]) -> list[DeviceProfile]:
+def profiles(devices: list[str], caps_gib: tuple[float, ...] = ()) -> list[DeviceProfile]:
     """Each device measured once; stages sharing a device (two CPU stages) share its memory,
-    each named apart for the planner (cpu, cpu#2)."""
+    each named apart for the planner (cpu, cpu#2). caps_gib: each stage's cap (GiB)."""
+    if caps_gib and len(caps_gib) != len(devices):
+        raise PlanError(f"--memory-gib: {len(caps_gib)} values for {len(devices)} stages")
     seen: dict[str, DeviceProfile] = {}
     for d in devices:
         if d not in seen:
             seen[d] = profile(d)
     count = {d: devices.count(d) for d in devices}
     out, k = [], {d: 0 for d in devices}
-    for d in devices:
+    for i, d in enumerate(devices):
         k[d] += 1
         p = seen[d]
         name = p.name if k[d] == 1 else f"{p.name}#{k[d]}"
-        out.append(replace(p, name=name, free_bytes=p.free_bytes // count[d]))
+        free = p.free_bytes // count[d]
+        if caps_gib:
+            free = min(free, int(caps_gib[i] * GIB))
+        out.append(replace(p, name=name, free_bytes=free))
     return out
+
+
+def cap_memory(device: str, gib: float) -> None:
+    """A GPU stage's allocations capped at `gib` (torch's per-process fraction of the device):
+    one GPU stands in for a smaller one. Nothing on the CPU."""
+    dev = torch.device(device)
+    if gib > 0 and dev.type == "cuda":
+        total = torch.cuda.get_device_properties(dev).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, gib * GIB / total), dev)
 
 
 def plan_stages(cfg, f: GGUFFile, kv_dtype: torch.dtype) -> tuple[list[int], int]:
@@ -45,7 +59,8 @@ def plan_stages(cfg, f: GGUFFile, kv_dtype: torch.dtype) -> tuple[list[int], int
     devices = [cfg.device, *cfg.stages]
     try:
         chosen = plan(
-            profiles(devices), model_sizes(f, per_token_layer), cfg.block_size, max_len,
+            profiles(devices, cfg.memory_gib), model_sizes(f, per_token_layer), cfg.block_size,
+            max_len,
             cfg.layer_split or None,
         )  # fmt: skip
     except PlanError as exc:
@@ -58,8 +73,9 @@ def plan_stages(cfg, f: GGUFFile, kv_dtype: torch.dtype) -> tuple[list[int], int
 def start_stages(cfg, kv: KVPool, model, split: list[int]) -> Pipeline:
     """The stage processes after stage 0, each with its layers and kv's block count, ready."""
     specs, first = [], split[0]
-    for device, n in zip(cfg.stages, split[1:], strict=True):
-        specs.append(StageSpec(device, first, first + n))
+    caps = cfg.memory_gib[1:] or (0.0,) * len(cfg.stages)
+    for device, n, gib in zip(cfg.stages, split[1:], caps, strict=True):
+        specs.append(StageSpec(device, first, first + n, gib))
         first += n
     opts = StageOptions(
         cfg.model_path, kv.num_blocks, cfg.block_size, cfg.kv_dtype, cfg.cpu_weights,

@@ -92,6 +92,7 @@ class StageSpec:
     device: str
     first: int
     last: int  # exclusive
+    memory_gib: float = 0.0  # a GPU stage's allocations capped there (0: the device's)
 
     def describe(self, i: int) -> str:
         return f"stage {i} ({self.device}, layers {self.first}-{self.last - 1})"
@@ -171,7 +172,7 @@ class Pipeline:
             "--block-size", str(o.block_size), "--kv-blocks", str(o.kv_blocks),
             "--cpu-weights", o.cpu_weights, "--dense-copies", o.dense_copies,
             "--threads", str(o.threads), "--recv", recv, "--send", send, "--lead", self._ctrl,
-            "--parent", str(os.getpid()),
+            "--parent", str(os.getpid()), "--memory-gib", str(spec.memory_gib),
         ]  # fmt: skip
         return subprocess.Popen(argv)
 

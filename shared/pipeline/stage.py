@@ -22,6 +22,7 @@ from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
 from shared.model import load_model
 from shared.model.causal_lm import LayerSpan
+from shared.pipeline.build import cap_memory
 from shared.pipeline.frames import local_batch, read_step, send_step
 from shared.protocol import StageFailed, StageReady, StageStep, StageStop, StageToStage, decoder
 from shared.protocol import encoder as make_encoder
@@ -46,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--send", required=True, help="the next stage's endpoint (PUSH)")
     p.add_argument("--lead", required=True, help="stage 0's control endpoint (PUSH)")
     p.add_argument("--parent", type=int, default=0, help="stage 0's pid: exit when it is gone")
+    p.add_argument("--memory-gib", type=float, default=0.0, help="a GPU stage's memory cap")
     return p.parse_args(argv)
 
 
@@ -90,6 +92,7 @@ def serve(a: argparse.Namespace) -> int:
     try:
         if a.device == "cpu" and a.threads > 0:
             torch.set_num_threads(a.threads)
+        cap_memory(a.device, a.memory_gib)
         stage = Stage(a)
         inbox = ctx.socket(zmq.PULL)
         inbox.setsockopt(zmq.LINGER, 0)

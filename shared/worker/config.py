@@ -35,7 +35,8 @@ class WorkerConfig:
     spec_max_tokens: int = 8  # the longest draft a step verifies
     spec_max_batch: int = 16  # more running sequences than this: no speculation
     stages: tuple[str, ...] = ()  # pipeline stages after `device`: their devices
-    layer_split: tuple[int, ...] = ()  # layers per stage, `device`'s first (empty: even)
+    layer_split: tuple[int, ...] = ()  # layers per stage, `device`'s first (empty: planned)
+    memory_gib: tuple[float, ...] = ()  # with stages: each stage's memory cap, `device`'s first
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -173,6 +174,13 @@ def parse_worker_args(
         help="with --stages: the layers of each stage, --device's first, e.g. 20,12 "
         "(default: as even as can be)",
     )
+    p.add_argument(
+        "--memory-gib",
+        default=env("SKIFF_MEMORY_GIB", ""),
+        help="with --stages: the memory each stage may use, GiB, --device's first, e.g. 20,12 "
+        "(the split is planned within them and a GPU stage's allocations are capped there: one "
+        "GPU can stand in for a smaller pair)",
+    )
     p.add_argument("--worker-id", default=env("SKIFF_WORKER_ID", ""))
     a = p.parse_args(argv)
     if not a.model:
@@ -201,9 +209,20 @@ def parse_worker_args(
         spec_max_batch=a.spec_max_batch,
         stages=tuple(d.strip() for d in a.stages.split(",") if d.strip()),
         layer_split=_counts(p, a.layer_split),
+        memory_gib=_gibs(p, a.memory_gib),
         worker_id=a.worker_id,
         roles=roles,
     )
+
+
+def _gibs(p: argparse.ArgumentParser, text: str) -> tuple[float, ...]:
+    try:
+        gibs = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        gibs = (-1.0,)
+    if any(g <= 0 for g in gibs):
+        p.error(f"--memory-gib {text!r}: comma-separated GiB above 0, e.g. 20,12")
+    return gibs
 
 
 def _counts(p: argparse.ArgumentParser, text: str) -> tuple[int, ...]:

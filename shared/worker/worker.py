@@ -298,6 +298,7 @@ def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
             cpu_weights=cfg.cpu_weights,
             stages=cfg.stages,
             layer_split=cfg.layer_split,
+            memory_gib=cfg.memory_gib,
         )
     )
     engine = loaded.engine

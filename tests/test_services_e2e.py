@@ -118,6 +118,55 @@ def test_seed_reproducibility(client, model_name: str) -> None:
     assert a != c
 
 
+def test_n_choices_usage_and_seeds(client, model_name: str, tokenizer) -> None:
+    kw = dict(model=model_name, prompt="Once upon a time", max_tokens=16, temperature=1.0)
+    r = client.completions.create(**{**kw, "max_tokens": 6}, n=4, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    prompt = tokenizer.encode(kw["prompt"], add_special=True, special=True)
+    assert r.usage.prompt_tokens == len(prompt)  # the prompt counted once
+    assert r.usage.completion_tokens == 4 * 6  # summed over the choices
+    a = [c.text for c in client.completions.create(**kw, n=2, seed=42).choices]
+    b = [c.text for c in client.completions.create(**kw, n=2, seed=42).choices]
+    assert a == b  # reproducible: choice i samples with seed + i
+    assert a[0] != a[1]
+
+
+def test_n_choices_stream_greedy(client, model_name: str) -> None:
+    messages = [{"role": "user", "content": "Name three colors."}]
+    kw = dict(model=model_name, messages=messages, max_tokens=12, temperature=0, n=3)
+    whole = [c.message.content for c in client.chat.completions.create(**kw).choices]
+    assert len(whole) == 3 and whole[0] and len(set(whole)) == 1  # greedy: all n equal
+    chunks = list(
+        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
+    texts, finishes = ["", "", ""], [[], [], []]
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        finishes[choice.index].append(choice.finish_reason)
+    assert texts == whole
+    for f in finishes:  # each choice ends once, with its own finish_reason
+        assert f[-1] in ("stop", "length") and set(f[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 3
+
+
+def test_unsupported_fields_are_refused_through_the_sdk(client, model_name: str) -> None:
+    kw = dict(model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    schema = {"name": "x", "schema": {"type": "object"}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    cases = [
+        ({"response_format": {"type": "json_schema", "json_schema": schema}}, "response_format"),
+        ({"tools": [tool]}, "tools"),
+        ({"n": 17}, "n"),
+        ({"extra_body": {"max_tokenz": 4}}, "max_tokenz"),
+    ]
+    for extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(**kw, **extra)
+        assert exc.value.param == param
+    assert client.chat.completions.create(**kw, user="u", response_format={"type": "text"})
+
+
 def test_logprobs(client, model_name: str) -> None:
     r = client.chat.completions.create(
         model=model_name,

@@ -1,9 +1,10 @@
-"""One request's generation as seen by an HTTP handler: tokens from the worker in, text deltas out.
+"""One choice's generation as seen by an HTTP handler: tokens from the worker in, text deltas out.
 
 `Generation` submits the request, turns each `TokenOut` into text (incremental detokenizer, stop
 ids hidden, stop strings cut with hold-back), attaches logprobs, counts tokens and observes
-latencies. It aborts the request on the worker when a stop string ends it, when the client goes
-away, and when the handler stops early for any other reason (`close()` in a finally).
+latencies (the prompt's tokens are counted once per HTTP request, by choices.py). It aborts the
+request on the worker when a stop string ends it, when the client goes away, and when the
+handler stops early for any other reason (`close()` in a finally).
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ class Generation:
         sampling: Sampling,
         stop_ids: list[int],
         domain: str = "",
+        prefer: str = "",
     ) -> None:
-        self.stream = await self.router.submit(prompt_ids, max_tokens, sampling, stop_ids, domain)
+        self.stream = await self.router.submit(
+            prompt_ids, max_tokens, sampling, stop_ids, domain, prefer
+        )
         self.prompt_tokens = len(prompt_ids)
-        self.metrics.prompt_tokens.inc(len(prompt_ids))
 
     async def close(self) -> None:
         """Abort on the worker unless the request already ended there."""

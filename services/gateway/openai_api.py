@@ -1,7 +1,8 @@
 """Handlers of the OpenAI API: /v1/completions, /v1/chat/completions and /v1/models.
 
 Each generation handler parses and validates the body, builds the prompt ids, checks the length
-against the context, then runs a `Generation` and writes it whole or as server-sent events.
+against the context, then runs the request's n choices (a `Generation` each) and writes them
+whole or as server-sent events.
 Errors before the first event are ordinary JSON error responses; after it, a stream carries one
 `data: {"error": ...}` event and ends.
 """
@@ -13,9 +14,10 @@ import time
 import jinja2
 from aiohttp import web
 
+from services.gateway.choices import Choices
 from services.gateway.errors import ApiError, invalid
 from services.gateway.generation import ClientGone, Generation
-from services.gateway.openai_format import ChatFormat, CompletionFormat
+from services.gateway.openai_format import ChatFormat, ChoiceOutput, CompletionFormat
 from services.gateway.request_params import (
     GenerationParams,
     decode_body,
@@ -141,59 +143,64 @@ async def _generate(
 ) -> web.StreamResponse:
     max_tokens = _max_tokens(gw, len(prompt_ids), params, prompt_param)
     stop_ids = [] if params.ignore_eos else sorted(gw.model.tokenizer.stop_ids)
-    gen = Generation(
-        request,
-        gw.router,
-        gw.model.tokenizer,
-        gw.metrics,
-        params.stop,
-        fmt.want_logprobs,
-        arrived,
-    )
+    gens = [
+        Generation(
+            request,
+            gw.router,
+            gw.model.tokenizer,
+            gw.metrics,
+            params.stop,
+            fmt.want_logprobs,
+            arrived,
+        )
+        for _ in range(params.n)
+    ]
+    choices = Choices(gens, gw.metrics)
     try:
         domain = params.domain or gw.config.key_domains.get(_api_key(request), "")
-        await gen.start(prompt_ids, max_tokens, params.sampling, stop_ids, domain)
+        await choices.start(prompt_ids, max_tokens, params.sampling, stop_ids, domain)
         if params.stream:
-            return await _stream(request, gen, fmt, params.include_usage, echo)
-        return await _whole(gen, fmt, echo)
+            return await _stream(request, choices, fmt, params.include_usage, echo)
+        return await _whole(choices, fmt, echo)
     except ClientGone:
         request[FINAL_STATUS] = CLIENT_CLOSED
         return web.Response(status=CLIENT_CLOSED)
     finally:
-        await gen.close()  # aborts on the worker unless the request ended there
+        await choices.close()  # aborts on the worker the choices that did not end there
 
 
-async def _whole(gen: Generation, fmt: CompletionFormat | ChatFormat, echo: str) -> web.Response:
-    texts, entries, finish = [echo], [], "length"
-    async for delta in gen:
-        texts.append(delta.text)
-        entries.extend(delta.logprobs)
-        finish = delta.finish_reason or finish
-    body = fmt.response(
-        "".join(texts), entries, finish, gen.prompt_tokens, gen.completion_tokens,
-        gen.cached_tokens,
-    )  # fmt: skip
-    return web.json_response(body)
+async def _whole(choices: Choices, fmt: CompletionFormat | ChatFormat, echo: str) -> web.Response:
+    outputs = [ChoiceOutput(echo) for _ in choices.gens]
+    async for index, delta in choices:
+        out = outputs[index]
+        out.text += delta.text
+        out.entries.extend(delta.logprobs)
+        out.finish = delta.finish_reason or out.finish
+    tokens = (choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens)
+    return web.json_response(fmt.response(outputs, *tokens))
 
 
 async def _stream(
     request: web.Request,
-    gen: Generation,
+    choices: Choices,
     fmt: CompletionFormat | ChatFormat,
     include_usage: bool,
     echo: str,
 ) -> web.StreamResponse:
     sse = SseWriter(request)
+    echoes = [echo] * len(choices.gens)  # each choice's first chunk carries the echo
+    opened = [False] * len(choices.gens)
     try:
-        async for delta in gen:
-            if not sse.started:  # opened lazily: errors before the first token stay JSON
-                first = fmt.first_chunk()
+        async for index, delta in choices:
+            if not opened[index]:  # the SSE opens lazily: errors before any token stay JSON
+                opened[index] = True
+                first = fmt.first_chunk(index)
                 if first is not None:
                     await sse.send(first)
-            await sse.send(fmt.chunk(echo + delta.text, delta.logprobs, delta.finish_reason))
-            echo = ""
+            text, echoes[index] = echoes[index] + delta.text, ""
+            await sse.send(fmt.chunk(index, text, delta.logprobs, delta.finish_reason))
         if include_usage:
-            tokens = (gen.prompt_tokens, gen.completion_tokens, gen.cached_tokens)
+            tokens = (choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens)
             await sse.send(fmt.usage_chunk(*tokens))
         await sse.done()
     except ApiError as exc:

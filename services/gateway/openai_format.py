@@ -1,14 +1,24 @@
-"""Response bodies of the OpenAI API: text completions and chat completions, whole or as stream
-chunks, with logprobs in each endpoint's own shape (legacy dicts for completions, lists of
-objects for chat)."""
+"""Response bodies of the OpenAI API: text completions and chat completions, whole (every
+choice) or as stream chunks (one choice's delta each, with its index), with logprobs in each
+endpoint's own shape (legacy dicts for completions, lists of objects for chat)."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.gateway.generation import TokenLogprob
+
+
+@dataclass
+class ChoiceOutput:
+    """One choice of a whole (non-streamed) response, as it accumulates."""
+
+    text: str
+    entries: list[TokenLogprob] = field(default_factory=list)
+    finish: str = "length"  # until a delta says otherwise
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict[str, Any]:
@@ -85,31 +95,25 @@ class CompletionFormat(_Format):
     prefix = "cmpl"
     chunk_object = "text_completion"
 
-    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, list] | None:
-        return completion_logprobs(entries) if self.want_logprobs else None
+    def _choice(
+        self, index: int, text: str, entries: list[TokenLogprob], finish: str | None
+    ) -> dict[str, Any]:
+        logprobs = completion_logprobs(entries) if self.want_logprobs else None
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    def first_chunk(self) -> dict[str, Any] | None:
+    def first_chunk(self, index: int) -> dict[str, Any] | None:
         return None
 
-    def chunk(self, text: str, entries: list[TokenLogprob], finish: str | None) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": self._logprobs(entries),
-            "finish_reason": finish,
-        }
-        return self._envelope("text_completion", [choice])
+    def chunk(
+        self, index: int, text: str, entries: list[TokenLogprob], finish: str | None
+    ) -> dict[str, Any]:
+        return self._envelope("text_completion", [self._choice(index, text, entries, finish)])
 
     def response(
-        self,
-        text: str,
-        entries: list[TokenLogprob],
-        finish: str,
-        prompt: int,
-        completion: int,
-        cached: int = 0,
+        self, outputs: list[ChoiceOutput], prompt: int, completion: int, cached: int = 0
     ) -> dict[str, Any]:
-        body = self.chunk(text, entries, finish)
+        choices = [self._choice(i, o.text, o.entries, o.finish) for i, o in enumerate(outputs)]
+        body = self._envelope("text_completion", choices)
         body["usage"] = usage(prompt, completion, cached)
         return body
 
@@ -121,19 +125,21 @@ class ChatFormat(_Format):
     def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, list] | None:
         return chat_logprobs(entries) if self.want_logprobs else None
 
-    def first_chunk(self) -> dict[str, Any] | None:
-        """Streams open with the role, as OpenAI's do."""
+    def first_chunk(self, index: int) -> dict[str, Any] | None:
+        """Each choice's stream opens with the role, as OpenAI's do."""
         choice = {
-            "index": 0,
+            "index": index,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
             "finish_reason": None,
         }
         return self._envelope(self.chunk_object, [choice])
 
-    def chunk(self, text: str, entries: list[TokenLogprob], finish: str | None) -> dict[str, Any]:
+    def chunk(
+        self, index: int, text: str, entries: list[TokenLogprob], finish: str | None
+    ) -> dict[str, Any]:
         choice = {
-            "index": 0,
+            "index": index,
             "delta": {"content": text} if text else {},
             "logprobs": self._logprobs(entries) if entries else None,
             "finish_reason": finish,
@@ -141,25 +147,22 @@ class ChatFormat(_Format):
         return self._envelope(self.chunk_object, [choice])
 
     def response(
-        self,
-        text: str,
-        entries: list[TokenLogprob],
-        finish: str,
-        prompt: int,
-        completion: int,
-        cached: int = 0,
+        self, outputs: list[ChoiceOutput], prompt: int, completion: int, cached: int = 0
     ) -> dict[str, Any]:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": self._logprobs(entries),
-            "finish_reason": finish,
-        }
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": o.text},
+                "logprobs": self._logprobs(o.entries),
+                "finish_reason": o.finish,
+            }
+            for i, o in enumerate(outputs)
+        ]
         return {
             "id": self.id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage(prompt, completion, cached),
         }

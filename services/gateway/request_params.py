@@ -1,8 +1,9 @@
 """Parsing and validation of OpenAI request bodies into typed requests.
 
 Every check raises a 400 `ApiError` whose `param` names the field, with a message that says what
-was expected and what came. Unknown fields are ignored (clients send many we have no use for);
-`null` means "default" for every optional field, as the OpenAI SDKs sometimes send it.
+was expected and what came. Which fields a body may carry at all is request_fields.py's table,
+checked first; `null` means "default" for every optional field, as the OpenAI SDKs sometimes
+send it.
 Ranges match shared/sampling/params.py, which owns their meaning on the worker side.
 """
 
@@ -16,9 +17,11 @@ from typing import Any
 import msgspec
 
 from services.gateway.errors import invalid
+from services.gateway.request_fields import check_chat_fields, check_completion_fields
 from shared.protocol import DOMAIN_PATTERN, Sampling
 
 MAX_LOGPROBS = 20
+MAX_N = 16  # choices per request: n generations of one prompt
 MAX_STOP_STRINGS = 4
 _INT64 = 2**63
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -34,6 +37,7 @@ class GenerationParams:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    n: int = 1  # choices: each a generation of its own, seeded seed + index when seeded
     domain: str = ""  # Skiff's extension: the n-gram table speculation may draw on
 
 
@@ -140,9 +144,6 @@ def _stop(f: Fields) -> tuple[str, ...]:
 
 
 def _common(f: Fields, max_tokens: int | None, logprobs: int | None) -> GenerationParams:
-    n = f.integer("n", 1, 1, 2**31 - 1)
-    if n != 1:
-        raise invalid("only n=1 is supported", "n")
     stream = f.boolean("stream", False)
     options = f.get("stream_options")
     include_usage = False
@@ -161,6 +162,7 @@ def _common(f: Fields, max_tokens: int | None, logprobs: int | None) -> Generati
         stream=stream,
         include_usage=include_usage,
         ignore_eos=f.boolean("ignore_eos", False),
+        n=f.integer("n", 1, 1, MAX_N),
         domain=_domain(f),
     )
 
@@ -186,9 +188,14 @@ def _model(f: Fields) -> str | None:
 
 
 def parse_completion(body: dict[str, Any], vocab_size: int) -> CompletionRequest:
+    check_completion_fields(body)
     f = Fields(body)
     if f.integer("best_of", 1, 1, 2**31 - 1) != 1:
-        raise invalid("only best_of=1 is supported", "best_of")
+        raise invalid(
+            f"best_of > 1 is not supported (no ranking of candidates); n up to {MAX_N} is",
+            "best_of",
+            code="unsupported_parameter",
+        )
     logprobs = f.integer("logprobs", None, 0, MAX_LOGPROBS)
     echo = f.boolean("echo", False)
     if echo and logprobs is not None:
@@ -228,6 +235,7 @@ def _prompt(value: Any, vocab_size: int) -> str | list[int]:
 
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
+    check_chat_fields(body)
     f = Fields(body)
     want_logprobs = f.boolean("logprobs", False)
     top = f.integer("top_logprobs", None, 0, MAX_LOGPROBS)

@@ -142,9 +142,11 @@ class Router:
         sampling: Sampling,
         stop_ids: list[int],
         domain: str = "",
+        prefer: str = "",
     ) -> RequestStream:
         """Send a request to a prefill worker (to be handed on) or to the least-loaded worker
-        that fits it."""
+        that fits it; to worker `prefer` when it is one of those that fit (a request's n
+        choices go together, so its prefix cache can hold their prompt once)."""
         total = len(prompt_ids) + max_tokens
         if self.registry.choose(total) is None:
             if not self.registry.ready_workers():
@@ -158,14 +160,18 @@ class Router:
             Generate(request_id, prompt_ids, max_tokens, sampling, stop_ids, domain=domain),
         )
         self._streams[request_id] = stream
-        failure = await self._route(stream)
+        failure = await self._route(stream, prefer=prefer)
         if failure is not None:
             self._drop(stream)
             raise ApiError(failure.status, failure.message)
         return stream
 
     async def _route(
-        self, stream: RequestStream, prefilled: Prefilled | None = None, exclude: str = ""
+        self,
+        stream: RequestStream,
+        prefilled: Prefilled | None = None,
+        exclude: str = "",
+        prefer: str = "",
     ) -> Failure | None:
         """Send the stream's request on from where the client's tokens are: to a prefill
         worker while it has none and one is there, else to a decode worker (with the tokens so
@@ -174,10 +180,10 @@ class Router:
         total = len(req.prompt_ids) + req.max_tokens
         worker = None
         if not out and req.max_tokens > 1:
-            worker = self.registry.choose_prefill(total)
+            worker = self.registry.choose_prefill(total, prefer)
         stream.prefilling = worker is not None
         if worker is None:
-            worker = self.registry.choose(total, exclude)
+            worker = self.registry.choose(total, exclude, prefer)
         if worker is None:
             return Failure(503, "no ready worker can take this request on; please retry")
         msg = msgspec.structs.replace(

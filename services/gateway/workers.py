@@ -112,25 +112,29 @@ class WorkerRegistry:
         ]
 
     # -- requests -------------------------------------------------------------------------
-    def choose(self, total_tokens: int, exclude: str = "") -> Worker | None:
+    def choose(self, total_tokens: int, exclude: str = "", prefer: str = "") -> Worker | None:
         """The least-loaded decode worker that fits prompt + max_tokens (it prefills what it is
-        given); with none, the least-loaded prefill worker, which then serves alone."""
+        given); with none, the least-loaded prefill worker, which then serves alone. Worker
+        `prefer` wins where it is among those candidates."""
         fits = [
             w
             for w in self._workers.values()
             if w.ready.max_model_len >= total_tokens and w.worker_id != exclude
         ]
         decoders = [w for w in fits if w.decodes]
-        return min(decoders or fits, key=lambda w: w.load, default=None)
+        return _preferred(decoders or fits, prefer) or min(
+            decoders or fits, key=lambda w: w.load, default=None
+        )
 
-    def choose_prefill(self, total_tokens: int) -> Worker | None:
-        """The prefill worker with the fewest prompt tokens queued, when a decode worker is
-        there to take its prompts on (None: serve without the split)."""
+    def choose_prefill(self, total_tokens: int, prefer: str = "") -> Worker | None:
+        """The prefill worker with the fewest prompt tokens queued (or `prefer`, where it is
+        one), when a decode worker is there to take its prompts on (None: serve without the
+        split)."""
         fits = [w for w in self._workers.values() if w.ready.max_model_len >= total_tokens]
         if not any(w.decodes for w in fits):
             return None
         prefill = [w for w in fits if w.prefill_only]
-        return min(
+        return _preferred(prefill, prefer) or min(
             prefill, key=lambda w: (sum(w.prompt_tokens.values()), len(w.requests)), default=None
         )
 
@@ -159,3 +163,7 @@ class WorkerRegistry:
     def max_model_len(self) -> int | None:
         """The longest sequence any ready worker takes; None while none is ready."""
         return max((w.ready.max_model_len for w in self.ready_workers()), default=None)
+
+
+def _preferred(candidates: list[Worker], worker_id: str) -> Worker | None:
+    return next((w for w in candidates if worker_id and w.worker_id == worker_id), None)

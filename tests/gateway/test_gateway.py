@@ -213,7 +213,7 @@ def test_metrics(served, reply_ids: list[int]) -> None:
     client = server.client()
     client.chat.completions.create(model=NAME, messages=MSGS)
     client.completions.create(model=NAME, prompt="abc", max_tokens=3)
-    http(server.url + COMP, {"prompt": "a", "n": 2})
+    http(server.url + COMP, {"prompt": "a", "n": 17})
     after = metric_samples(server)
 
     def delta(name: str, **labels: str) -> float:

@@ -29,7 +29,9 @@ ERROR_CASES = [
     (COMP, {"prompt": "a", "presence_penalty": 3}, 400, "presence_penalty"),
     (COMP, {"prompt": "a", "repetition_penalty": 0}, 400, "repetition_penalty"),
     (COMP, {"prompt": "a", "seed": 1.5}, 400, "seed"),
-    (COMP, {"prompt": "a", "n": 2}, 400, "n"),
+    (COMP, {"prompt": "a", "n": 17}, 400, "n"),
+    (COMP, {"prompt": "a", "best_of": 2}, 400, "best_of"),
+    (COMP, {"prompt": "a", "max_tokenz": 2}, 400, "max_tokenz"),
     (COMP, {"prompt": "a", "logprobs": 21}, 400, "logprobs"),
     (COMP, {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     (COMP, {"prompt": "a", "stop": 5}, 400, "stop"),
@@ -45,7 +47,9 @@ ERROR_CASES = [
     (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, None),
-    (CHAT, {"messages": MSGS, "n": 3}, 400, "n"),
+    (CHAT, {"messages": MSGS, "n": 17}, 400, "n"),
+    (CHAT, {"messages": MSGS, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, 400, "tools"),
     (CHAT, {"messages": MSGS, "top_logprobs": 2}, 400, "top_logprobs"),
     (CHAT, {"messages": MSGS, "max_completion_tokens": -1}, 400, "max_completion_tokens"),
     (CHAT, {"messages": MSGS, "logprobs": "yes"}, 400, "logprobs"),
@@ -69,8 +73,10 @@ def test_malformed_bodies_and_extras(served) -> None:
     assert_error(*http(server.url + CHAT, raw=b"[1, 2]"), 400)
     err = assert_error(*http(server.url + COMP, {"prompt": "a", "max_tokens": 4000}), 400)
     assert err["code"] == "context_length_exceeded" and str(MAX_MODEL_LEN) in err["message"]
-    # Unknown fields are ignored; `model` may be omitted.
-    status, body = http(server.url + COMP, {"prompt": "a", "frobnicate": 1, "user": "u"})
+    # Unknown fields are refused, fields without effect (`user`) accepted; `model` may be omitted.
+    err = assert_error(*http(server.url + COMP, {"prompt": "a", "frobnicate": 1}), 400)
+    assert err["param"] == "frobnicate" and err["code"] == "unknown_parameter"
+    status, body = http(server.url + COMP, {"prompt": "a", "user": "u"})
     assert status == 200 and body["choices"][0]["text"]
     assert_error(*http(server.url + "/v1/nothing-here"), 404)
 

@@ -1,0 +1,107 @@
+"""A request's n choices: n `Generation`s of one prompt, started together, their deltas merged
+in the order they come, and all ended together.
+
+The choices go to one worker where the router allows (its prefix cache can then hold the
+prompt's blocks once). Choice i samples with seed + i (wrapped to int64), so seeded choices
+differ from each other and are each reproducible. With one choice the deltas come straight
+from its generation; with more, a task per choice pumps its deltas into one queue, so a stream
+interleaves the choices as the worker makes them, and a failure of any (the client leaving
+too) ends the request: `close()` aborts every choice still running on a worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from services.gateway.generation import Delta, Generation
+from services.gateway.metrics import GatewayMetrics
+from shared.protocol import Sampling
+
+_INT64 = 2**63
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choice `index`'s seed: seed + index, kept in int64's range (the wire's)."""
+    if seed is None:
+        return None
+    return (seed + index + _INT64) % (2 * _INT64) - _INT64
+
+
+class Choices:
+    def __init__(self, gens: list[Generation], metrics: GatewayMetrics) -> None:
+        self.gens = gens
+        self.metrics = metrics
+        # (choice index, a delta, the exception that ended it, or None once it is done)
+        self._queue: asyncio.Queue[tuple[int, Delta | Exception | None]] = asyncio.Queue()
+        self._pumps: list[asyncio.Task] = []
+        self._running = len(gens)
+
+    async def start(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: Sampling,
+        stop_ids: list[int],
+        domain: str,
+    ) -> None:
+        worker = ""
+        for i, gen in enumerate(self.gens):
+            seeded = msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, i))
+            await gen.start(prompt_ids, max_tokens, seeded, stop_ids, domain, prefer=worker)
+            worker = gen.stream.worker_id
+        self.metrics.prompt_tokens.inc(len(prompt_ids))
+        if len(self.gens) > 1:
+            self._pumps = [
+                asyncio.create_task(self._pump(i, gen), name=f"choice-{i}")
+                for i, gen in enumerate(self.gens)
+            ]
+
+    # -- usage: the prompt once, the completions summed -----------------------------------------
+    @property
+    def prompt_tokens(self) -> int:
+        return self.gens[0].prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(gen.completion_tokens for gen in self.gens)
+
+    @property
+    def cached_tokens(self) -> int:
+        # the prompt is counted once: as cached only where every choice found it cached
+        return min(gen.cached_tokens for gen in self.gens)
+
+    # -- deltas -----------------------------------------------------------------------------------
+    def __aiter__(self) -> Choices:
+        return self
+
+    async def __anext__(self) -> tuple[int, Delta]:
+        if len(self.gens) == 1:
+            return 0, await self.gens[0].__anext__()
+        while self._running:
+            index, item = await self._queue.get()
+            if item is None:
+                self._running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                return index, item
+        raise StopAsyncIteration
+
+    async def _pump(self, index: int, gen: Generation) -> None:
+        try:
+            async for delta in gen:
+                self._queue.put_nowait((index, delta))
+        except Exception as exc:  # the worker failed it, or the client left: the request ends
+            self._queue.put_nowait((index, exc))
+        else:
+            self._queue.put_nowait((index, None))
+
+    async def close(self) -> None:
+        """Stop the pumps, then abort every choice the worker still runs."""
+        for task in self._pumps:
+            task.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        for gen in self.gens:
+            await gen.close()

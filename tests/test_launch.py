@@ -388,8 +388,16 @@ def test_bad_role_splits_are_refused(prefill: str, decode: str) -> None:
 def test_a_pipeline_is_one_worker_over_the_devices() -> None:
     endpoints = Endpoints(*(f"tcp://127.0.0.1:{p}" for p in (5001, 5002, 5003, 5004)))
     args = build_parser().parse_args(
-        ["serve", "/m.gguf", "--devices", "cuda:0,cpu", "--layer-split", "20,12",
-         "--memory-gib", "20,12"]  # fmt: skip
+        [
+            "serve",
+            "/m.gguf",
+            "--devices",
+            "cuda:0,cpu",
+            "--layer-split",
+            "20,12",
+            "--memory-gib",
+            "20,12",
+        ]  # fmt: skip
     )
     config = ServeConfig.from_args(args)
     assert config.pipeline and config.layer_split == "20,12"  # a split implies --pipeline

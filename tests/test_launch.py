@@ -397,7 +397,7 @@ def test_a_pipeline_is_one_worker_over_the_devices() -> None:
             "20,12",
             "--memory-gib",
             "20,12",
-        ]  # fmt: skip
+        ]
     )
     config = ServeConfig.from_args(args)
     assert config.pipeline and config.layer_split == "20,12"  # a split implies --pipeline

@@ -48,7 +48,7 @@ SAMPLES = [
         3,
         P.StageBatch([5, 6], [7, 8], [39, 40], [1], [2, 0], 1, [0, 2], [9]),
         ["bfloat16", "float32"],
-    ),  # fmt: skip
+    ),
     P.StageStop(),
     P.StageReady(1, "cpu", "CPU", [15, 30], 728, "torch int4"),
     P.StageFailed(1, "out of memory"),

@@ -110,7 +110,7 @@ def test_greedy_answers_unchanged_and_drafts_used(which: str, size: str, request
 
 
 def test_spec_service_killed_mid_run(smollm2_path: Path) -> None:
-    prompts = code_edits(7)
+    prompts = code_edits(12)
     c = _serve(smollm2_path, None)
     try:
         want = _answers(c, prompts)
@@ -120,11 +120,11 @@ def test_spec_service_killed_mid_run(smollm2_path: Path) -> None:
     c = _serve(smollm2_path, spec)
     try:
         with ThreadPoolExecutor(1) as pool:
-            running = pool.submit(_answers, c, prompts[:4])
+            running = pool.submit(_answers, c, prompts[:8])
             time.sleep(3)
             spec.stop(signal.SIGKILL)
             got = running.result()
-        assert got == want[:4]  # none failed, none changed
+        assert got == want[:8]  # none failed, none changed
         before = _spec_metric(c, "accepted")
         spec = Spec.__new__(Spec)  # the same endpoint, a new process
         spec.endpoint, spec.proc = c.worker_args[-1], None
@@ -132,7 +132,7 @@ def test_spec_service_killed_mid_run(smollm2_path: Path) -> None:
         time.sleep(1.5)  # the worker asks again once a second
         # prompts this worker has not seen (a repeated one would start from the prefix cache,
         # whose chunking changes the last bits of its logits)
-        assert _answers(c, prompts[4:]) == want[4:]
+        assert _answers(c, prompts[8:]) == want[8:]
         assert _spec_metric(c, "accepted") > before
     finally:
         c.stop()

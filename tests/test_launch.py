@@ -24,7 +24,7 @@ import pytest
 from shared import launch
 from shared.cli import build_parser
 from shared.launch import Endpoints, ServeConfig
-from shared.launch.plan import cpu_count
+from shared.launch.devices import cpu_count
 
 ROOT = Path(__file__).resolve().parent.parent
 _PID = re.compile(r"started (.+?) \(pid (\d+)\)")

@@ -11,16 +11,15 @@ Imports no torch: CUDA devices are counted in a short-lived subprocess, so the s
 neither torch's memory nor a CUDA context while the workers own the devices.
 """
 
+from shared.launch.devices import count_cuda_devices, resolve_devices
 from shared.launch.plan import (
     DTYPES,
     Endpoints,
     Plan,
     ServeConfig,
     add_serve_arguments,
-    count_cuda_devices,
     local_endpoints,
     plan_processes,
-    resolve_devices,
     resolve_split,
 )
 from shared.launch.supervise import Child, Console, ready_workers, serve, supervise

@@ -18,14 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from shared.launch.devices import count_cuda_devices, resolve_devices
 from shared.launch.plan import (
     _SOURCE_ROOT,
     Plan,
     ServeConfig,
-    count_cuda_devices,
     local_endpoints,
     plan_processes,
-    resolve_devices,
     resolve_split,
 )
 

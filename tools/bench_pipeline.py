@@ -7,14 +7,20 @@
 Per layout (the first is the one-stage reference): the start (load, stages ready, warm-up),
 the greedy tokens of four prompts against the reference's (how many agree, position by
 position), then output tok/s with C sequences decoding together (random prompts, EOS ignored):
-the tokens after every sequence had its first, over their time. One JSON line each.
+the tokens after every sequence had its first, over their time. One JSON line each. Each layout
+runs in a process of its own (a layout's GPU memory and its caps never meet the next one's); the
+reference's prompts and tokens pass to the others in a file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -55,6 +61,42 @@ def _run(engine, prompts: list[list[int]], gen: int, first_id: int) -> tuple[dic
     return out, rate
 
 
+def _layout(a: argparse.Namespace, layout: str, reference_file: Path) -> None:
+    """One layout in this process: its JSON line; the first layout writes the reference."""
+    rng = np.random.default_rng(0)
+    most = max(a.concurrency)
+    blocks = most * -(-(a.prompt + a.gen + 16) // 16) + 64
+    reference = json.loads(reference_file.read_text()) if reference_file.exists() else None
+    t0 = time.perf_counter()
+    loaded = build_engine(_config(a, layout, blocks))
+    start_s = time.perf_counter() - t0
+    vocab = loaded.engine.runner.model.cfg.vocab_size
+    try:
+        checks = [rng.integers(3, vocab, a.prompt).tolist() for _ in range(4)]
+        checks = reference[0] if reference else checks
+        tokens, _ = _run(loaded.engine, checks, a.check, 0)
+        got = [tokens[i] for i in range(4)]
+        if reference is None:
+            reference = (checks, got)
+            reference_file.write_text(json.dumps(reference))
+        pairs = zip(got, reference[1], strict=True)
+        same = sum(x == y for g, w in pairs for x, y in zip(g, w, strict=True))
+        row = {"layout": layout, "start_s": round(start_s, 1),
+               "greedy_same": f"{same}/{4 * a.check}"}  # fmt: skip
+        pipe = getattr(loaded, "pipeline", None)
+        if pipe is not None:
+            row["split"] = [len(loaded.engine.runner.model.model.layers)] + [
+                r.layers[1] - r.layers[0] for r in pipe.ready
+            ]
+        for c in a.concurrency:
+            prompts = [rng.integers(3, vocab, a.prompt).tolist() for _ in range(c)]
+            _, rate = _run(loaded.engine, prompts, a.gen, 1000)
+            row[f"tok_s_c{c}"] = round(rate, 1)
+        print(json.dumps(row), flush=True)
+    finally:
+        loaded.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
@@ -65,39 +107,20 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--gen", type=int, default=32)
     p.add_argument("--check", type=int, default=24, help="greedy tokens compared per prompt")
+    p.add_argument("--reference-file", type=Path, help=argparse.SUPPRESS)  # one layout, here
     a = p.parse_args()
-    rng = np.random.default_rng(0)
-    most = max(a.concurrency)
-    blocks = most * -(-(a.prompt + a.gen + 16) // 16) + 64
-    reference = None
-    for layout in a.layouts:
-        t0 = time.perf_counter()
-        loaded = build_engine(_config(a, layout, blocks))
-        start_s = time.perf_counter() - t0
-        vocab = loaded.engine.runner.model.cfg.vocab_size
-        try:
-            checks = [rng.integers(3, vocab, a.prompt).tolist() for _ in range(4)]
-            checks = reference[0] if reference else checks
-            tokens, _ = _run(loaded.engine, checks, a.check, 0)
-            got = [tokens[i] for i in range(4)]
-            if reference is None:
-                reference = (checks, got)
-            pairs = zip(got, reference[1], strict=True)
-            same = sum(x == y for g, w in pairs for x, y in zip(g, w, strict=True))
-            row = {"layout": layout, "start_s": round(start_s, 1),
-                   "greedy_same": f"{same}/{4 * a.check}"}  # fmt: skip
-            pipe = getattr(loaded, "pipeline", None)
-            if pipe is not None:
-                row["split"] = [len(loaded.engine.runner.model.model.layers)] + [
-                    r.layers[1] - r.layers[0] for r in pipe.ready
-                ]
-            for c in a.concurrency:
-                prompts = [rng.integers(3, vocab, a.prompt).tolist() for _ in range(c)]
-                _, rate = _run(loaded.engine, prompts, a.gen, 1000)
-                row[f"tok_s_c{c}"] = round(rate, 1)
-            print(json.dumps(row), flush=True)
-        finally:
-            loaded.close()
+    if a.reference_file is not None:
+        _layout(a, a.layouts[0], a.reference_file)
+        return
+    at = sys.argv.index("--layouts") if "--layouts" in sys.argv else len(sys.argv)
+    rest = [x for x in sys.argv[at + 1 :] if x not in a.layouts]
+    with tempfile.TemporaryDirectory() as tmp:
+        for layout in a.layouts:
+            argv = [*sys.argv[1:at], "--layouts", layout, *rest]
+            argv += ["--reference-file", str(Path(tmp) / "reference.json")]
+            done = subprocess.run([sys.executable, "-m", "tools.bench_pipeline", *argv])
+            if done.returncode != 0:
+                print(json.dumps({"layout": layout, "failed": done.returncode}), flush=True)
 
 
 if __name__ == "__main__":

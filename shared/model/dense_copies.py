@@ -30,6 +30,16 @@ DENSE_ROWS = 16  # above this many rows a layer multiplies by its dense copy
 _AUTO_SHARE = 0.25  # auto: the copies may take at most this share of the free memory
 
 
+def _usable_free(device: torch.device) -> int:
+    """The device's free bytes this process may still allocate: under a per-process cap (a
+    pipeline stage's --memory-gib), what the cap leaves beyond what torch holds."""
+    free, total = torch.cuda.mem_get_info(device)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if fraction is not None:
+        free = min(free, int(fraction(device) * total) - torch.cuda.memory_reserved(device))
+    return max(0, free)
+
+
 def add_dense_copies(model: torch.nn.Module, mode: str, rows: int = DENSE_ROWS) -> int:
     """Give every packed layer of the model a dense copy per `mode` (auto / on / off); returns
     the bytes the copies take (0 when none were made)."""
@@ -47,8 +57,7 @@ def add_dense_copies(model: torch.nn.Module, mode: str, rows: int = DENSE_ROWS) 
     if mode == "auto":
         if device.type != "cuda":
             return 0
-        free, _total = torch.cuda.mem_get_info(device)
-        if size > _AUTO_SHARE * free:
+        if size > _AUTO_SHARE * _usable_free(device):
             return 0
     for m in layers:
         m.dense_copy = dequantize_packed(m.packed, m.compute_dtype)

@@ -76,6 +76,9 @@ gpu-wheels:
 # each; test_gpu_model writes its small f32 models there); .tcache: `tools/gpu_cache.sh fetch`.
 gpu-payload: gpu-wheels models
 	mkdir -p .device/models/synthetic
+	# files that only the exhaustive tier reads (the CPU suite never writes them)
+	$(PY) -c "from pathlib import Path; from tests.test_qkv_rope_model import SPEC; \
+	  from tools.synthetic_gguf import synthetic; synthetic(SPEC, 'Q4_K_M', Path('$(MODELS)/synthetic'))"
 	find $(MODELS)/synthetic -name '*.gguf' ! -name '*dequant*' ! -name '*.f32.gguf' \
 	  -size -20M -exec cp {} .device/models/synthetic/ \;
 	du -sh .whl .device $(wildcard .tcache)

@@ -46,6 +46,9 @@ class Sampling(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, fr
     frequency_penalty: float = 0.0
     seed: int | None = None
     logprobs: int | None = None  # None: none; k: the chosen token's plus the top k
+    # structured output: llguidance's grammar the output must match ("": none); the worker
+    # masks every step's tokens with it (shared/grammar)
+    grammar: str = ""
 
 
 # -- gateway -> worker ----------------------------------------------------------------------------

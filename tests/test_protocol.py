@@ -127,9 +127,11 @@ def test_no_pickle_anywhere_in_the_code() -> None:
 
 
 def test_wire_sampling_has_the_runtime_fields() -> None:
-    # the worker builds SamplingParams(**asdict(Sampling)): the two must keep the same fields
+    # the worker builds SamplingParams(**asdict(Sampling)) less the grammar (structured output,
+    # compiled apart): the two must keep the same fields
     import dataclasses
 
     from shared.sampling import SamplingParams
 
-    assert P.Sampling.__struct_fields__ == tuple(f.name for f in dataclasses.fields(SamplingParams))
+    runtime = tuple(f.name for f in dataclasses.fields(SamplingParams))
+    assert P.Sampling.__struct_fields__ == (*runtime, "grammar")

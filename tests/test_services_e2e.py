@@ -152,7 +152,8 @@ def test_n_choices_stream_greedy(client, model_name: str) -> None:
 
 def test_unsupported_fields_are_refused_through_the_sdk(client, model_name: str) -> None:
     kw = dict(model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    schema = {"name": "x", "schema": {"type": "object"}}
+    schema = {"name": "x", "schema": {"type": "object", "required": ["a"]}, "strict": True}
+    schema["schema"]["properties"] = {"a": {"type": "string", "format": "no-such-format"}}
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     cases = [
         ({"response_format": {"type": "json_schema", "json_schema": schema}}, "response_format"),

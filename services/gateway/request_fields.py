@@ -4,7 +4,7 @@ Every field of a body is one of:
 - read: parsed by request_params.py and honoured (OpenAI's fields and Skiff's extensions);
 - ignored: accepted and without effect, where OpenAI's own documentation gives the field no
   effect on the output (`IGNORED` says why for each);
-- not yet: a feature Skiff lacks (tools, structured output, ...), accepted only at the value
+- not yet: a feature Skiff lacks (tools, logit_bias, ...), accepted only at the value
   that asks for nothing (absent, null, `[]`, `{"type": "text"}`, ...), else a 400 naming it;
 - anything else: a 400 naming the field (a typo such as `max_tokenz` must not pass unnoticed).
 """
@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from services.gateway.errors import invalid
+from services.gateway.structured import FIELDS as STRUCTURED
 
 # OpenAI's fields read by request_params.py for both endpoints.
 _COMMON = (
@@ -32,14 +33,17 @@ _COMMON = (
 )
 # Skiff's extensions (vLLM's names, where vLLM has one).
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "domain")
+# structured output (services/gateway/structured.py): OpenAI's response_format, llama-server's
+# grammar and json_schema, vLLM's guided_*; on both endpoints, as vLLM takes them
 
 COMPLETION_READ = frozenset(
-    (*_COMMON, *EXTENSIONS, "prompt", "max_tokens", "logprobs", "echo", "best_of")
+    (*_COMMON, *EXTENSIONS, *STRUCTURED, "prompt", "max_tokens", "logprobs", "echo", "best_of")
 )
 CHAT_READ = frozenset(
     (
         *_COMMON,
         *EXTENSIONS,
+        *STRUCTURED,
         "messages",
         "max_tokens",
         "max_completion_tokens",
@@ -73,15 +77,6 @@ def _none_but(*off: Any, why: str) -> Check:
     return lambda value: None if value in off else why
 
 
-def _response_format(value: Any) -> str | None:
-    kind = value.get("type") if isinstance(value, dict) else None
-    if not isinstance(kind, str):
-        return "'response_format' must be an object with a string 'type'"
-    if kind == "text":
-        return None
-    return f"response_format of type {kind} is not supported yet; only type text is"
-
-
 def _no_call(name: str) -> Check:
     # With no tools, "none" and "auto" both mean no tool call (OpenAI: "none is the default
     # when no tools are present"); tools themselves are refused by their own check.
@@ -90,7 +85,6 @@ def _no_call(name: str) -> Check:
 
 
 CHAT_NOT_YET: Mapping[str, Check] = {
-    "response_format": _response_format,
     "tools": _none_but([], why=f"'tools' is not supported yet: {_NO_TOOLS}"),
     "tool_choice": _no_call("tool_choice"),
     "parallel_tool_calls": lambda value: None,  # without tools it has nothing to govern

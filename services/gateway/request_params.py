@@ -18,6 +18,7 @@ import msgspec
 
 from services.gateway.errors import invalid
 from services.gateway.request_fields import check_chat_fields, check_completion_fields
+from services.gateway.structured import grammar_of
 from shared.protocol import DOMAIN_PATTERN, Sampling
 
 MAX_LOGPROBS = 20
@@ -127,6 +128,7 @@ def _sampling(f: Fields, logprobs: int | None) -> Sampling:
         frequency_penalty=f.number("frequency_penalty", 0.0, -2.0, 2.0),
         seed=f.integer("seed", None, -_INT64, _INT64 - 1),
         logprobs=logprobs,
+        grammar=grammar_of(f.body),
     )
 
 

@@ -6,8 +6,8 @@ from step N's output on the device), and only then does the engine wait for step
 postprocess them. A step's events therefore come out of the *next* call to ``step()``. A
 sequence that stops at step N has already been given a place in step N+1; that row is computed
 and dropped. Steps fall back to the synchronous order when a running request uses penalties
-(they need every id on the host) or when a sequence must be preempted (its recompute needs
-them too).
+or a grammar (they need every id on the host) or when a sequence must be preempted (its
+recompute needs them too).
 """
 
 from __future__ import annotations
@@ -192,9 +192,9 @@ class LLMEngine:
     def _step_overlapped(self) -> list[TokenEvent]:
         prev = self._inflight
         work = None
-        if prev is None or not any(s.params.has_penalties for s in self.scheduler.running):
+        if prev is None or not any(s.needs_host_ids for s in self.scheduler.running):
             work = self.scheduler.schedule(can_preempt=prev is None, budget=self.chunk_budget)
-        if work is None:  # penalties or a preemption need the in-flight ids first
+        if work is None:  # penalties, a grammar or a preemption need the in-flight ids first
             self._inflight = None
             return self._resolve(prev) if prev else []
         launched = None
@@ -269,6 +269,8 @@ class LLMEngine:
         reason = None
         if token in seq.stop_ids:
             reason = "stop"
+        elif seq.constraint is not None and seq.constraint.advance(token):
+            reason = "stop"  # the grammar's output is complete: nothing but EOS may follow
         elif len(seq.output_ids) >= seq.max_tokens:
             reason = "length"
         top = None

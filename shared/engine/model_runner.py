@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections import deque
 
+import llguidance
 import torch
 
 from shared.engine.cuda_graphs import StepGraphs
 from shared.engine.sequence import Sequence
+from shared.grammar import Constraint, apply_masks, fill_masks
 from shared.kv import KVPool
 from shared.model import ForwardBatch, SeqChunk
 from shared.model.causal_lm import CausalLM
@@ -32,6 +34,7 @@ class ModelRunner:
         self._inputs = PinnedRing()  # the steps' inputs, with graphs on a CUDA device
         # the last two steps (tokens, sequences, graph key or None), for stall logs
         self._runs: deque[tuple[int, int, tuple[str, int] | None]] = deque(maxlen=2)
+        self._grammar_threads: llguidance.LLExecutor | None = None  # fills the token masks
 
     def run(
         self,
@@ -100,6 +103,7 @@ class ModelRunner:
             return sampled, None
         if any(s.num_verifying for s in sampled):
             return sampled, self._verify(logits, sampled)
+        logits = self._masked(logits, [s.constraint for s in sampled])
         out = self.sampler.sample(
             logits,
             [s.params for s in sampled],
@@ -122,7 +126,20 @@ class ModelRunner:
                 outputs.append(seq.output_ids + seq.draft[:j] if j else seq.output_ids)
                 gens.append(seq.generator)
                 drafts.append(seq.draft[j] if j < d else -1)
+        # a constrained sequence has no drafts: its one row is masked
+        rows = [c for s in sampled for c in [s.constraint] + [None] * s.num_verifying]
+        logits = self._masked(logits, rows)
         return verify(self.sampler, logits, params, prompts, outputs, gens, drafts)
+
+    def _masked(self, logits: torch.Tensor, constraints: list[Constraint | None]) -> torch.Tensor:
+        """The logits with each constrained row's disallowed tokens at -inf: the masks are
+        computed on the host (llguidance's threads) while the device runs the step."""
+        if all(c is None for c in constraints):
+            return logits
+        if self._grammar_threads is None:
+            self._grammar_threads = llguidance.LLExecutor()
+        masks = fill_masks(constraints, logits.shape[1], self._grammar_threads)
+        return apply_masks(logits, masks)
 
     def _reads_pinned(self) -> bool:
         """Whether steps are built into pinned host memory (graphs on a CUDA device), which the

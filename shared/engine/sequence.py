@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from shared.engine.draft_length import DraftLength
 from shared.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from shared.grammar import Constraint
 
 
 class SeqStatus(enum.Enum):
@@ -45,6 +49,8 @@ class Sequence:
     draft_source: str = ""
     num_verifying: int = 0
     domain: str = ""  # the spec service's domain n-gram table its drafts may come from
+    # structured output: the grammar its tokens must match (masks each step's logits)
+    constraint: Constraint | None = None
 
     @property
     def all_ids(self) -> list[int]:
@@ -71,6 +77,12 @@ class Sequence:
     def sampling_done(self) -> bool:
         """max_tokens reached, counting a token still in flight."""
         return len(self.output_ids) + self.num_inflight >= self.max_tokens
+
+    @property
+    def needs_host_ids(self) -> bool:
+        """Its next step needs every token so far on the host (penalties count them, a grammar
+        masks by them): it does not overlap with the step before."""
+        return self.params.has_penalties or self.constraint is not None
 
     @property
     def num_pending(self) -> int:

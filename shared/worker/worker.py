@@ -38,6 +38,7 @@ from shared.protocol import (
 )
 from shared.sampling import SamplingParams
 from shared.worker.config import WorkerConfig, cpu_threads
+from shared.worker.constraints import Constraints
 from shared.worker.control import ControlChannel
 from shared.worker.kv_tiers import KVTiers
 from shared.worker.roles import HandOffFactory, HandOffRole, resumed_generator
@@ -74,8 +75,10 @@ class WorkerLoop:
         spec_max_tokens: int = 8,
         spec_max_batch: int = 16,
         handoff: HandOffRole | None = None,
+        constraints: Constraints | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.constraints = constraints  # structured output's grammars
         self.handoff = handoff  # a prefill worker's prompts handed on to decode workers
         self.tiers = tiers  # the kvcache service's RAM and disk tiers, if any
         self.spec = spec  # the spec service's proposals, if any
@@ -149,8 +152,10 @@ class WorkerLoop:
     def _admit(self, req: Generate) -> None:
         s = req.sampling
         try:
-            # the wire struct and the runtime params have the same fields
-            params = SamplingParams(**msgspec.structs.asdict(s)).validate()
+            # the wire struct and the runtime params have the same fields, and the grammar
+            fields = msgspec.structs.asdict(s)
+            grammar = fields.pop("grammar")
+            params = SamplingParams(**fields).validate()
             if req.max_tokens < 1:
                 raise ValueError(f"max_tokens must be at least 1, got {req.max_tokens}")
             seq_id = next(self._ids)
@@ -169,6 +174,11 @@ class WorkerLoop:
                 domain=req.domain,
                 spec=DraftLength(self.spec_max_tokens) if self.spec is not None else None,
             )
+            if grammar:  # constrained: no drafts (a mask follows every token the step before)
+                if self.constraints is None:
+                    raise ValueError("this worker does not serve structured output")
+                seq.constraint = self.constraints.compile(grammar, seq.output_ids)
+                seq.spec = None
             if self.handoff is not None:
                 self.handoff.admit(req, seq)
             self.engine.check(seq)
@@ -336,7 +346,7 @@ def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
             log(wid, "prefill role without the kvcache: decode workers recompute the prompts")
     loop = WorkerLoop(
         wid, loaded, control, tokens, cfg.device, tiers, spec, cfg.spec_max_tokens,
-        cfg.spec_max_batch, role,
+        cfg.spec_max_batch, role, Constraints(cfg.model, engine.runner.model.cfg.vocab_size),
     )  # fmt: skip
     holder.append(loop)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -48,7 +48,7 @@ ERROR_CASES = [
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, None),
     (CHAT, {"messages": MSGS, "n": 17}, 400, "n"),
-    (CHAT, {"messages": MSGS, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"messages": MSGS, "response_format": {"type": "json"}}, 400, "response_format"),
     (CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, 400, "tools"),
     (CHAT, {"messages": MSGS, "top_logprobs": 2}, 400, "top_logprobs"),
     (CHAT, {"messages": MSGS, "max_completion_tokens": -1}, 400, "max_completion_tokens"),

@@ -12,6 +12,7 @@ import pytest
 
 from services.gateway import request_params
 from services.gateway.errors import ApiError
+from services.gateway.structured import FIELDS as STRUCTURED
 from services.gateway.request_fields import (
     CHAT_IGNORED,
     CHAT_NOT_YET,
@@ -28,6 +29,9 @@ VOCAB = 1000
 MSGS = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+# strict: a keyword the grammar compiler lacks is an error, not skipped
+_ODD = {"type": "object", "properties": {"a": {"type": "string", "format": "odd"}}}
+STRICT_UNKNOWN = {"type": "json_schema", "json_schema": {"name": "x", "schema": _ODD, "strict": True}}
 
 
 def _parse(endpoint: str, extra: dict[str, Any]) -> Any:
@@ -38,9 +42,14 @@ def _parse(endpoint: str, extra: dict[str, Any]) -> Any:
 
 REFUSED = [
     # (endpoint, extra fields, the error's param, words its message must hold)
-    ("chat", {"response_format": SCHEMA}, "response_format", "json_schema is not supported"),
-    ("chat", {"response_format": {"type": "json_object"}}, "response_format", "json_object"),
-    ("chat", {"response_format": "json"}, "response_format", "object"),
+    ("chat", {"response_format": {"type": "yaml"}}, "response_format", "json_schema"),
+    ("chat", {"response_format": "json"}, "response_format", "'type' must be"),
+    ("chat", {"response_format": STRICT_UNKNOWN}, "response_format", "does not compile"),
+    ("chat", {"guided_regex": "(("}, "guided_regex", "does not compile"),
+    ("chat", {"grammar": "root ::= missing"}, "grammar", "missing"),
+    ("chat", {"guided_choice": []}, "guided_choice", "non-empty list"),
+    ("chat", {"guided_json": "{not json"}, "guided_json", "not JSON"),
+    ("chat", {"response_format": SCHEMA, "guided_regex": "a+"}, "guided_regex", "one field"),
     ("chat", {"tools": [TOOL]}, "tools", "not supported yet"),
     ("chat", {"tools": [TOOL], "parallel_tool_calls": True}, "tools", "tool calls"),
     ("chat", {"tools": [TOOL], "tool_choice": "auto"}, "tools", "tool calls"),
@@ -75,7 +84,7 @@ REFUSED = [
     ("completion", {"suffix": "}"}, "suffix", "not supported yet"),
     ("completion", {"logit_bias": {"42": 5}}, "logit_bias", "not supported"),
     ("completion", {"tools": [TOOL]}, "tools", "Unknown parameter"),  # not a completion field
-    ("completion", {"response_format": {"type": "text"}}, "response_format", "Unknown"),
+    ("completion", {"json_schema": [1]}, "json_schema", "must be a JSON object"),
     ("completion", {"store": True}, "store", "Unknown parameter"),
     ("completion", {"max_tokenz": 5}, "max_tokenz", "did you mean 'max_tokens'"),
     ("completion", {"temprature": 0.5}, "temprature", "did you mean 'temperature'"),
@@ -108,6 +117,14 @@ ACCEPTED = [
     ("chat", {"ignore_eos": True, "domain": "sql", "n": MAX_N}),
     ("completion", {"user": "u1", "suffix": "", "logit_bias": {}, "best_of": 1}),
     ("completion", {"suffix": None, "n": MAX_N, "echo": True}),
+    ("chat", {"response_format": SCHEMA}),
+    ("chat", {"response_format": {"type": "json_object"}}),
+    ("chat", {"response_format": {**SCHEMA, "json_schema": {"name": "x", "schema": _ODD}}}),
+    ("completion", {"response_format": {"type": "text"}}),
+    ("completion", {"grammar": 'root ::= "yes" | "no"', "guided_json": None}),
+    ("completion", {"guided_regex": "[a-z]+", "json_schema": None}),
+    ("completion", {"guided_choice": ["red", "blue"]}),
+    ("completion", {"guided_grammar": 'start: "a"+'}),
     ("completion", {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "ignore_eos": True}),
 ]
 
@@ -143,13 +160,14 @@ def test_every_read_field_parses_together() -> None:
         "logprobs": True,
         "top_logprobs": 2,
     }
-    assert set(chat) == CHAT_READ
+    # structured output takes one field at a time: each of them is in ACCEPTED
+    assert set(chat) | set(STRUCTURED) == CHAT_READ
     params = parse_chat(chat).params
     assert (params.n, params.max_tokens, params.sampling.seed, params.domain) == (2, 8, 3, "code")
     assert params.include_usage and params.ignore_eos and params.sampling.logprobs == 2
     completion = {k: v for k, v in chat.items() if k in COMPLETION_READ}
     completion |= {"prompt": [1, 2], "logprobs": 3, "echo": False, "best_of": 1}
-    assert set(completion) == COMPLETION_READ
+    assert set(completion) | set(STRUCTURED) == COMPLETION_READ
     req = parse_completion(completion, VOCAB)
     assert req.prompt == [1, 2] and req.params.sampling.logprobs == 3 and req.params.n == 2
 
@@ -172,7 +190,8 @@ def _fields_request_params_reads() -> set[str]:
 
 
 def test_tables_match_what_is_read() -> None:
-    assert _fields_request_params_reads() == CHAT_READ | COMPLETION_READ
+    # the structured-output fields are read by structured.py (its FIELDS)
+    assert _fields_request_params_reads() | set(STRUCTURED) == CHAT_READ | COMPLETION_READ
     assert set(EXTENSIONS) <= CHAT_READ & COMPLETION_READ
     assert COMPLETION_IGNORED <= CHAT_IGNORED == set(IGNORED)
     for read, ignored, not_yet in (

@@ -64,7 +64,9 @@ MAX_TOKENS = 160
 
 @pytest.fixture(scope="module")
 def llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_synthetic_gguf(tmp_path_factory.mktemp("structured") / "llama.gguf", SPECS["llama"])
+    return write_synthetic_gguf(
+        tmp_path_factory.mktemp("structured") / "llama.gguf", SPECS["llama"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,9 @@ def _engine(model, overlap: bool = False) -> LLMEngine:
     return LLMEngine(ModelRunner(model, kv, "cpu"), BlockManager(256, 4), 256, 64, overlap=overlap)
 
 
-def _seq(i: int, constraints: Constraints | None, grammar: str, seed: int | None, stops) -> Sequence:
+def _seq(
+    i: int, constraints: Constraints | None, grammar: str, seed: int | None, stops
+) -> Sequence:
     params = SamplingParams(temperature=0 if seed is None else 1.0, seed=seed).validate()
     seq = Sequence(i, prompt(6 + i, seed=i), params, MAX_TOKENS, stops, make_generator(seed, "cpu"))
     if grammar:
@@ -119,7 +123,9 @@ def _text(tok, ids: list[int]) -> str:
 def test_json_schemas_parse_and_validate(parts, seed: int | None) -> None:
     model, tok, constraints = parts
     grammars = [grammar_of({"guided_json": s}) for s in SCHEMAS]
-    seqs = [_seq(i, constraints, g, seed and seed + i, tok.stop_ids) for i, g in enumerate(grammars)]
+    seqs = [
+        _seq(i, constraints, g, seed and seed + i, tok.stop_ids) for i, g in enumerate(grammars)
+    ]
     got = _run(_engine(model), seqs)
     for i, schema in enumerate(SCHEMAS):
         ids, reason = got[i]
@@ -137,7 +143,9 @@ def test_regex_choice_and_gbnf_are_matched(parts) -> None:
         ({"guided_choice": ["red", "green", "blue"]}, lambda t: t in ("red", "green", "blue")),
         ({"grammar": 'root ::= "(" ("x" | "y")+ ")"'}, lambda t: re.fullmatch(r"\([xy]+\)", t)),
     ]
-    seqs = [_seq(i, constraints, grammar_of(b), 3 + i, tok.stop_ids) for i, (b, _) in enumerate(cases)]
+    seqs = [
+        _seq(i, constraints, grammar_of(b), 3 + i, tok.stop_ids) for i, (b, _) in enumerate(cases)
+    ]
     got = _run(_engine(model), seqs)
     for i, (_, matches) in enumerate(cases):
         ids, reason = got[i]
@@ -164,7 +172,9 @@ def test_overlapped_steps_equal_synchronous_ones(parts) -> None:
     grammar = grammar_of({"guided_json": SCHEMAS[0]})
     runs = []
     for overlap in (False, True):
-        seqs = [_seq(i, constraints, grammar if i % 2 else "", None, tok.stop_ids) for i in range(4)]
+        seqs = [
+            _seq(i, constraints, grammar if i % 2 else "", None, tok.stop_ids) for i in range(4)
+        ]
         runs.append(_run(_engine(model, overlap), seqs))
     assert runs[0] == runs[1]
     json.loads(_text(tok, runs[1][1][0]))

@@ -12,7 +12,6 @@ import pytest
 
 from services.gateway import request_params
 from services.gateway.errors import ApiError
-from services.gateway.structured import FIELDS as STRUCTURED
 from services.gateway.request_fields import (
     CHAT_IGNORED,
     CHAT_NOT_YET,
@@ -24,6 +23,7 @@ from services.gateway.request_fields import (
     IGNORED,
 )
 from services.gateway.request_params import MAX_N, parse_chat, parse_completion
+from services.gateway.structured import FIELDS as STRUCTURED
 
 VOCAB = 1000
 MSGS = [{"role": "user", "content": "hi"}]
@@ -31,7 +31,10 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
 # strict: a keyword the grammar compiler lacks is an error, not skipped
 _ODD = {"type": "object", "properties": {"a": {"type": "string", "format": "odd"}}}
-STRICT_UNKNOWN = {"type": "json_schema", "json_schema": {"name": "x", "schema": _ODD, "strict": True}}
+STRICT_UNKNOWN = {
+    "type": "json_schema",
+    "json_schema": {"name": "x", "schema": _ODD, "strict": True},
+}
 
 
 def _parse(endpoint: str, extra: dict[str, Any]) -> Any:

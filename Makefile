@@ -67,7 +67,8 @@ gpu-wheels:
 	mkdir -p .whl
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-	  --platform manylinux2014_x86_64 -d .whl gguf==0.19.0 msgspec pyzmq lmdb \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 -d .whl gguf==0.19.0 \
+	  msgspec pyzmq lmdb "llguidance>=1.9,<2" \
 	  openai==3.57.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection \
 	  jiter distro sniffio httpx2==2.16.2 httpcore2==2.16.2 anyio truststore typing-extensions
 

@@ -6,6 +6,7 @@
   continuation as it streams, then the prompt size and the decode speed.
 - `skiff spec learn PATH... --domain NAME --model MODEL.gguf`: counts the text files under the
   paths into the spec service's domain n-gram table before serving (services/spec/learn.py).
+- `skiff bench URL`: a serving benchmark against any OpenAI-compatible server (shared/bench/).
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     spec_sub = sp.add_subparsers(dest="spec_command", required=True)
     learn = spec_sub.add_parser("learn", help="count files into a domain's n-gram table")
     add_learn_arguments(learn)
+    from shared.bench.options import add_bench_arguments  # argparse only: no aiohttp, no torch
+
+    add_bench_arguments(sub.add_parser("bench", help="benchmark an OpenAI-compatible server"))
     return parser
 
 
@@ -125,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         from services.spec.learn import run_learn
 
         return run_learn(args)
+    if args.command == "bench":
+        from shared.bench.options import BenchConfig
+        from shared.bench.run import run_bench
+
+        return run_bench(BenchConfig.from_args(args))
     return 2
 
 

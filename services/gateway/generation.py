@@ -77,6 +77,7 @@ class Generation:
         self._text_chars = 0
         self._pending: list[TokenLogprob] = []
         self._finished = False
+        self._stop_ids: frozenset[int] = frozenset()
 
     async def start(
         self,
@@ -91,6 +92,7 @@ class Generation:
             prompt_ids, max_tokens, sampling, stop_ids, domain, prefer
         )
         self.prompt_tokens = len(prompt_ids)
+        self._stop_ids = frozenset(stop_ids)
 
     async def close(self) -> None:
         """Abort on the worker unless the request already ended there."""
@@ -130,8 +132,10 @@ class Generation:
         self.cached_tokens = self.cached_tokens or tok.cached_tokens
         self.completion_tokens += 1
         self.metrics.generation_tokens.inc()
-        # A "stop" token is the stop id itself: counted, never shown.
-        text = "" if finish == "stop" else self._detok.push(tok.token_id)
+        # A stop id that ends the output: counted, never shown. (A token that completes a
+        # grammar also ends it with "stop", and is shown.)
+        hidden = finish == "stop" and tok.token_id in self._stop_ids
+        text = "" if hidden else self._detok.push(tok.token_id)
         if finish is not None:
             text += self._detok.flush()
         if self._want_logprobs:  # the stop token too: one entry per counted token, as vLLM

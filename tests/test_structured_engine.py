@@ -168,15 +168,27 @@ def test_a_constrained_sequence_leaves_the_others_greedy_tokens(parts) -> None:
 
 
 def test_overlapped_steps_equal_synchronous_ones(parts) -> None:
+    """Constrained sequences keep the steps overlapped: a step is launched while the one before
+    it is in flight, and its masks wait for that step's tokens only after its forward."""
     model, tok, constraints = parts
     grammar = grammar_of({"guided_json": SCHEMAS[0]})
-    runs = []
+    runs, overlapped = [], []
     for overlap in (False, True):
+        eng = _engine(model, overlap)
+        real = eng.runner.run
+
+        def run(work, prev=None, ids=None, catch_up=None, real=real):
+            if prev is not None and any(s.constraint for s, _ in work):
+                overlapped.append(len(work))
+            return real(work, prev, ids, catch_up)
+
+        eng.runner.run = run
         seqs = [
             _seq(i, constraints, grammar if i % 2 else "", None, tok.stop_ids) for i in range(4)
         ]
-        runs.append(_run(_engine(model, overlap), seqs))
+        runs.append(_run(eng, seqs))
     assert runs[0] == runs[1]
+    assert len(overlapped) > 20  # the steps with constrained sequences overlapped
     json.loads(_text(tok, runs[1][1][0]))
 
 

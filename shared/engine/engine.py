@@ -6,8 +6,10 @@ from step N's output on the device), and only then does the engine wait for step
 postprocess them. A step's events therefore come out of the *next* call to ``step()``. A
 sequence that stops at step N has already been given a place in step N+1; that row is computed
 and dropped. Steps fall back to the synchronous order when a running request uses penalties
-or a grammar (they need every id on the host) or when a sequence must be preempted (its
-recompute needs them too).
+(they need every id on the host) or when a sequence must be preempted (its recompute needs
+them too). A grammar's mask needs the token before it too, but only at sampling: the runner
+waits for step N's ids after launching step N+1's forward (``_catch_up``), so the device keeps
+running while the host advances the grammars and fills the masks.
 """
 
 from __future__ import annotations
@@ -192,9 +194,9 @@ class LLMEngine:
     def _step_overlapped(self) -> list[TokenEvent]:
         prev = self._inflight
         work = None
-        if prev is None or not any(s.needs_host_ids for s in self.scheduler.running):
+        if prev is None or not any(s.params.has_penalties for s in self.scheduler.running):
             work = self.scheduler.schedule(can_preempt=prev is None, budget=self.chunk_budget)
-        if work is None:  # penalties, a grammar or a preemption need the in-flight ids first
+        if work is None:  # penalties or a preemption need the in-flight ids first
             self._inflight = None
             return self._resolve(prev) if prev else []
         launched = None
@@ -204,7 +206,8 @@ class LLMEngine:
             ids = None  # where the step's ids go on the host (a buffer of the ring)
             if self.runner.device.type == "cuda":
                 ids = self._ids_ring.take(8 * len(work)).view(torch.int64)
-            sampled, out = self.runner.run(work, prev.device_out if prev else None, ids)
+            catch_up = (lambda: self._catch_up(prev)) if prev else None
+            sampled, out = self.runner.run(work, prev.device_out if prev else None, ids, catch_up)
             ready = None
             if out is not None:
                 host, ready = _to_host(out, ids)
@@ -221,6 +224,21 @@ class LLMEngine:
                     seq.num_inflight, seq.inflight_row = 1, row
             self._inflight = launched
         return events
+
+    @staticmethod
+    def _catch_up(step: _InFlight) -> None:
+        """The in-flight step's tokens given to its running sequences' grammars ahead of their
+        postprocessing (the runner calls this, once the next step's forward is launched, before
+        it fills a grammar's masks)."""
+        rows = [(r, s) for r, s in enumerate(step.sampled) if s.constraint is not None]
+        if not rows:
+            return
+        if step.ready is not None:
+            step.ready.synchronize()
+        ids = step.host_out.token_ids.tolist()
+        for row, seq in rows:
+            if seq.status is SeqStatus.RUNNING:
+                seq.constraint.take_ahead(ids[row])
 
     def _resolve(self, step: _InFlight) -> list[TokenEvent]:
         """Wait for a launched step's ids and postprocess the sequences still running."""

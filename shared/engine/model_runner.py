@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import llguidance
 import torch
@@ -41,6 +42,7 @@ class ModelRunner:
         work: list[tuple[Sequence, int]],
         prev: SampleOutput | None = None,
         host_ids: torch.Tensor | None = None,
+        catch_up: Callable[[], None] | None = None,
     ) -> tuple[list[Sequence], SampleOutput | None]:
         """`work` lists (sequence, tokens to compute now). Sequences whose pending tokens all
         run in this step get a sampled token; the returned list names them in row order.
@@ -49,7 +51,9 @@ class ModelRunner:
         last token it sampled (``num_inflight``) gets that token's id copied on the device from
         row ``inflight_row`` of ``prev.token_ids``; nothing waits for the host. host_ids:
         pinned int64 of at least len(work) entries, which a greedy step's argmax stores its
-        picks into (``SampleOutput.host_ids``)."""
+        picks into (``SampleOutput.host_ids``). catch_up: called once the forward is launched,
+        before a grammar's masks are filled (it gives the grammars the tokens still in flight).
+        """
         chunks, sampled = [], []
         for seq, n in work:
             start, d = seq.num_computed, seq.num_verifying  # d: draft tokens after its own
@@ -103,7 +107,10 @@ class ModelRunner:
             return sampled, None
         if any(s.num_verifying for s in sampled):
             return sampled, self._verify(logits, sampled)
-        logits = self._masked(logits, [s.constraint for s in sampled])
+        constraints = [s.constraint for s in sampled]
+        if catch_up is not None and any(c is not None for c in constraints):
+            catch_up()
+        logits = self._masked(logits, constraints)
         out = self.sampler.sample(
             logits,
             [s.params for s in sampled],
@@ -139,7 +146,7 @@ class ModelRunner:
         if self._grammar_threads is None:
             self._grammar_threads = llguidance.LLExecutor()
         masks = fill_masks(constraints, logits.shape[1], self._grammar_threads)
-        return apply_masks(logits, masks)
+        return logits if masks is None else apply_masks(logits, masks)
 
     def _reads_pinned(self) -> bool:
         """Whether steps are built into pinned host memory (graphs on a CUDA device), which the

@@ -79,12 +79,6 @@ class Sequence:
         return len(self.output_ids) + self.num_inflight >= self.max_tokens
 
     @property
-    def needs_host_ids(self) -> bool:
-        """Its next step needs every token so far on the host (penalties count them, a grammar
-        masks by them): it does not overlap with the step before."""
-        return self.params.has_penalties or self.constraint is not None
-
-    @property
     def num_pending(self) -> int:
         """Tokens not yet run through the model (a prompt's rest, or the last sampled token)."""
         return self.num_tokens - self.num_computed

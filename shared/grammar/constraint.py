@@ -8,6 +8,8 @@ into a ``Constraint``.
 
 from __future__ import annotations
 
+from collections import deque
+
 import llguidance
 
 from shared.tokenizer import Tokenizer
@@ -66,15 +68,37 @@ class GrammarCompiler:
 
 
 class Constraint:
-    """A compiled grammar's state: masks come from it, sampled tokens advance it."""
+    """A compiled grammar's state: masks come from it, sampled tokens advance it.
+
+    With overlapped steps a token reaches the grammar before the engine takes it: the next
+    step's mask needs it while that step's forward runs (``take_ahead``); the engine's own
+    ``advance`` over the same token then finds it taken."""
 
     def __init__(self, matcher: llguidance.LLMatcher) -> None:
         self.matcher = matcher
+        self._ahead: deque[int] = deque()  # taken ahead of the engine, in order
+
+    def take_ahead(self, token_id: int) -> None:
+        self._consume(token_id)
+        self._ahead.append(token_id)
 
     def advance(self, token_id: int) -> bool:
-        """Advance over a sampled token (one its mask allowed); True when the output is
-        complete (nothing but end-of-generation may follow). ValueError if the grammar refuses
-        the token (one the mask did not allow)."""
+        """Advance over a sampled token (one its mask allowed), unless it was taken ahead;
+        True when the output is complete (nothing but end-of-generation may follow).
+        ValueError if the grammar refuses the token (one the mask did not allow)."""
+        if self._ahead:
+            taken = self._ahead.popleft()
+            if taken != token_id:
+                raise ValueError(f"token {token_id} is not {taken}, taken ahead")
+        else:
+            self._consume(token_id)
+        return self.matcher.is_stopped() and not self._ahead
+
+    @property
+    def finished(self) -> bool:
+        """Complete (or ended by an end-of-generation token): no further mask is needed."""
+        return self.matcher.is_stopped()
+
+    def _consume(self, token_id: int) -> None:
         if not self.matcher.consume_token(token_id):
             raise ValueError(f"grammar refused token {token_id}: {self.matcher.get_error()}")
-        return self.matcher.is_stopped()

@@ -16,8 +16,9 @@ def fill_masks(
     constraints: list[Constraint | None], n_vocab: int, executor: llguidance.LLExecutor
 ) -> torch.Tensor | None:
     """[B, ceil(n_vocab / 32)] int32 on the host: the constrained rows' masks, every bit set in
-    the others; None when no row is constrained."""
-    rows = [(c.matcher, i) for i, c in enumerate(constraints) if c is not None]
+    the others (and in a complete grammar's: an overlapped step's row of a sequence that ended
+    the step before, dropped after it); None when no row is constrained."""
+    rows = [(c.matcher, i) for i, c in enumerate(constraints) if c is not None and not c.finished]
     if not rows:
         return None
     masks = torch.full(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 # OpenAI's `type` for each status family; clients (the openai SDK) map the status, not the type.
@@ -57,3 +58,9 @@ class ApiError(Exception):
 def invalid(message: str, param: str | None = None, code: str | None = None) -> ApiError:
     """The common case: a 400 naming the field at fault."""
     return ApiError(400, message, param=param, code=code)
+
+
+def shown(value: object) -> str:
+    """A value as an error message quotes it: its type and the start of its JSON."""
+    text = msgspec.json.encode(value).decode()
+    return f"{type(value).__name__} {text[:40]}"

@@ -18,6 +18,7 @@ from services.gateway.errors import ApiError
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.router import Failure, RequestStream, Router
 from services.gateway.streaming import StopMatcher
+from services.gateway.tool_calls import ToolCall
 from shared.protocol import Sampling, TokenOut
 from shared.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -48,6 +49,7 @@ class Delta:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)  # parsed by tool_deltas.py
 
 
 class Generation:

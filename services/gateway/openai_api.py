@@ -2,21 +2,25 @@
 
 Each generation handler parses and validates the body, builds the prompt ids, checks the length
 against the context, then runs the request's n choices (a `Generation` each) and writes them
-whole or as server-sent events.
+whole or as server-sent events. A chat request's tools (tools.py) reach the template, may
+constrain the sampling, and have each choice's calls parsed out of its text (tool_deltas.py).
 Errors before the first event are ordinary JSON error responses; after it, a stream carries one
 `data: {"error": ...}` event and ends.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import AsyncIterator, Callable
 
 import jinja2
+import msgspec
 from aiohttp import web
 
 from services.gateway.choices import Choices
 from services.gateway.errors import ApiError, invalid
-from services.gateway.generation import ClientGone, Generation
+from services.gateway.generation import ClientGone, Delta, Generation
 from services.gateway.openai_format import ChatFormat, ChoiceOutput, CompletionFormat
 from services.gateway.request_params import (
     GenerationParams,
@@ -26,6 +30,9 @@ from services.gateway.request_params import (
 )
 from services.gateway.state import CLIENT_CLOSED, FINAL_STATUS, GATEWAY, Gateway
 from services.gateway.streaming import SseWriter
+from services.gateway.tool_calls import CallParser
+from services.gateway.tool_deltas import with_tool_calls
+from services.gateway.tools import plan_tools
 from shared.tokenizer import ChatTemplateError, NoChatTemplate
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy endpoint
@@ -57,16 +64,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     req = parse_chat(decode_body(await request.read()))
     _check_model(gw, req.model)
+    tools = plan_tools(req.tools, gw.model.chat_template, req.messages)
+    params = req.params
+    if tools.grammar:
+        sampling = msgspec.structs.replace(params.sampling, grammar=tools.grammar)
+        params = dataclasses.replace(params, sampling=sampling)
     try:
-        text = gw.model.chat_template.render(req.messages, add_generation_prompt=True)
+        text = gw.model.chat_template.render(
+            req.messages, add_generation_prompt=True, **tools.template_vars
+        )
     except (NoChatTemplate, ChatTemplateError) as exc:
         raise invalid(str(exc), "messages") from None
     except jinja2.TemplateError as exc:  # a broken template is the model's fault, not the user's
         raise ApiError(500, f"the model's chat template failed: {exc}") from None
     prompt_ids = await gw.prompts.encode(text, add_special=False)
-    want_logprobs = req.params.sampling.logprobs is not None
-    fmt = ChatFormat(gw.model.name, want_logprobs, req.params.include_usage)
-    return await _generate(request, gw, prompt_ids, req.params, "messages", fmt, arrived)
+    want_logprobs = params.sampling.logprobs is not None
+    fmt = ChatFormat(gw.model.name, want_logprobs, params.include_usage)
+    return await _generate(
+        request, gw, prompt_ids, params, "messages", fmt, arrived, parser=tools.parser
+    )
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -140,6 +156,7 @@ async def _generate(
     fmt: CompletionFormat | ChatFormat,
     arrived: float,
     echo: str = "",
+    parser: Callable[[], CallParser] | None = None,
 ) -> web.StreamResponse:
     max_tokens = _max_tokens(gw, len(prompt_ids), params, prompt_param)
     stop_ids = [] if params.ignore_eos else sorted(gw.model.tokenizer.stop_ids)
@@ -159,9 +176,10 @@ async def _generate(
     try:
         domain = params.domain or gw.config.key_domains.get(_api_key(request), "")
         await choices.start(prompt_ids, max_tokens, params.sampling, stop_ids, domain)
+        deltas = choices if parser is None else with_tool_calls(choices, parser)
         if params.stream:
-            return await _stream(request, choices, fmt, params.include_usage, echo)
-        return await _whole(choices, fmt, echo)
+            return await _stream(request, choices, deltas, fmt, params.include_usage, echo)
+        return await _whole(choices, deltas, fmt, echo)
     except ClientGone:
         request[FINAL_STATUS] = CLIENT_CLOSED
         return web.Response(status=CLIENT_CLOSED)
@@ -169,12 +187,18 @@ async def _generate(
         await choices.close()  # aborts on the worker the choices that did not end there
 
 
-async def _whole(choices: Choices, fmt: CompletionFormat | ChatFormat, echo: str) -> web.Response:
+Deltas = Choices | AsyncIterator[tuple[int, Delta]]
+
+
+async def _whole(
+    choices: Choices, deltas: Deltas, fmt: CompletionFormat | ChatFormat, echo: str
+) -> web.Response:
     outputs = [ChoiceOutput(echo) for _ in choices.gens]
-    async for index, delta in choices:
+    async for index, delta in deltas:
         out = outputs[index]
         out.text += delta.text
         out.entries.extend(delta.logprobs)
+        out.tool_calls.extend(delta.tool_calls)
         out.finish = delta.finish_reason or out.finish
     tokens = (choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens)
     return web.json_response(fmt.response(outputs, *tokens))
@@ -183,6 +207,7 @@ async def _whole(choices: Choices, fmt: CompletionFormat | ChatFormat, echo: str
 async def _stream(
     request: web.Request,
     choices: Choices,
+    deltas: Deltas,
     fmt: CompletionFormat | ChatFormat,
     include_usage: bool,
     echo: str,
@@ -191,14 +216,15 @@ async def _stream(
     echoes = [echo] * len(choices.gens)  # each choice's first chunk carries the echo
     opened = [False] * len(choices.gens)
     try:
-        async for index, delta in choices:
+        async for index, delta in deltas:
             if not opened[index]:  # the SSE opens lazily: errors before any token stay JSON
                 opened[index] = True
                 first = fmt.first_chunk(index)
                 if first is not None:
                     await sse.send(first)
             text, echoes[index] = echoes[index] + delta.text, ""
-            await sse.send(fmt.chunk(index, text, delta.logprobs, delta.finish_reason))
+            chunk = fmt.chunk(index, text, delta.logprobs, delta.finish_reason, delta.tool_calls)
+            await sse.send(chunk)
         if include_usage:
             tokens = (choices.prompt_tokens, choices.completion_tokens, choices.cached_tokens)
             await sse.send(fmt.usage_chunk(*tokens))

@@ -1,6 +1,7 @@
 """Response bodies of the OpenAI API: text completions and chat completions, whole (every
 choice) or as stream chunks (one choice's delta each, with its index), with logprobs in each
-endpoint's own shape (legacy dicts for completions, lists of objects for chat)."""
+endpoint's own shape (legacy dicts for completions, lists of objects for chat), and a chat
+choice's tool calls (`message.tool_calls`, or `delta.tool_calls` entries with their index)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.gateway.generation import TokenLogprob
+from services.gateway.tool_calls import ToolCall
 
 
 @dataclass
@@ -19,6 +21,7 @@ class ChoiceOutput:
     text: str
     entries: list[TokenLogprob] = field(default_factory=list)
     finish: str = "length"  # until a delta says otherwise
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict[str, Any]:
@@ -105,7 +108,12 @@ class CompletionFormat(_Format):
         return None
 
     def chunk(
-        self, index: int, text: str, entries: list[TokenLogprob], finish: str | None
+        self,
+        index: int,
+        text: str,
+        entries: list[TokenLogprob],
+        finish: str | None,
+        tool_calls: list[ToolCall] | None = None,  # never any: tools are a chat field
     ) -> dict[str, Any]:
         return self._envelope("text_completion", [self._choice(index, text, entries, finish)])
 
@@ -136,11 +144,19 @@ class ChatFormat(_Format):
         return self._envelope(self.chunk_object, [choice])
 
     def chunk(
-        self, index: int, text: str, entries: list[TokenLogprob], finish: str | None
+        self,
+        index: int,
+        text: str,
+        entries: list[TokenLogprob],
+        finish: str | None,
+        tool_calls: list[ToolCall] | None = None,
     ) -> dict[str, Any]:
+        delta: dict[str, Any] = {"content": text} if text else {}
+        if tool_calls:
+            delta["tool_calls"] = [{"index": c.index, **c.as_openai()} for c in tool_calls]
         choice = {
             "index": index,
-            "delta": {"content": text} if text else {},
+            "delta": delta,
             "logprobs": self._logprobs(entries) if entries else None,
             "finish_reason": finish,
         }
@@ -152,7 +168,7 @@ class ChatFormat(_Format):
         choices = [
             {
                 "index": i,
-                "message": {"role": "assistant", "content": o.text},
+                "message": _message(o),
                 "logprobs": self._logprobs(o.entries),
                 "finish_reason": o.finish,
             }
@@ -166,3 +182,10 @@ class ChatFormat(_Format):
             "choices": choices,
             "usage": usage(prompt, completion, cached),
         }
+
+
+def _message(out: ChoiceOutput) -> dict[str, Any]:
+    if not out.tool_calls:
+        return {"role": "assistant", "content": out.text}
+    calls = [c.as_openai() for c in out.tool_calls]
+    return {"role": "assistant", "content": out.text or None, "tool_calls": calls}

@@ -4,7 +4,7 @@ Every field of a body is one of:
 - read: parsed by request_params.py and honoured (OpenAI's fields and Skiff's extensions);
 - ignored: accepted and without effect, where OpenAI's own documentation gives the field no
   effect on the output (`IGNORED` says why for each);
-- not yet: a feature Skiff lacks (tools, logit_bias, ...), accepted only at the value
+- not yet: a feature Skiff lacks (logit_bias, audio, ...), accepted only at the value
   that asks for nothing (absent, null, `[]`, `{"type": "text"}`, ...), else a 400 naming it;
 - anything else: a 400 naming the field (a typo such as `max_tokenz` must not pass unnoticed).
 """
@@ -17,6 +17,7 @@ from typing import Any
 
 from services.gateway.errors import invalid
 from services.gateway.structured import FIELDS as STRUCTURED
+from services.gateway.tools import FIELDS as TOOLS
 
 # OpenAI's fields read by request_params.py for both endpoints.
 _COMMON = (
@@ -35,6 +36,7 @@ _COMMON = (
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "ignore_eos", "domain")
 # structured output (services/gateway/structured.py): OpenAI's response_format, llama-server's
 # grammar and json_schema, vLLM's guided_*; on both endpoints, as vLLM takes them
+# tool calls (services/gateway/tools.py): tools, tool_choice, parallel_tool_calls; chat only
 
 COMPLETION_READ = frozenset(
     (*_COMMON, *EXTENSIONS, *STRUCTURED, "prompt", "max_tokens", "logprobs", "echo", "best_of")
@@ -44,6 +46,7 @@ CHAT_READ = frozenset(
         *_COMMON,
         *EXTENSIONS,
         *STRUCTURED,
+        *TOOLS,
         "messages",
         "max_tokens",
         "max_completion_tokens",
@@ -70,26 +73,18 @@ STREAM_OPTIONS_IGNORED = frozenset({"include_obfuscation"})  # Skiff never pads 
 # Each check gets the field's value (never None: null means "absent") and returns why the
 # request is refused, or None.
 Check = Callable[[Any], str | None]
-_NO_TOOLS = "tool calls are not supported yet"
 
 
 def _none_but(*off: Any, why: str) -> Check:
     return lambda value: None if value in off else why
 
 
-def _no_call(name: str) -> Check:
-    # With no tools, "none" and "auto" both mean no tool call (OpenAI: "none is the default
-    # when no tools are present"); tools themselves are refused by their own check.
-    why = f"{name} other than none or auto asks for a tool call; {_NO_TOOLS}"
-    return lambda value: None if value in ("none", "auto") else why
-
-
 CHAT_NOT_YET: Mapping[str, Check] = {
-    "tools": _none_but([], why=f"'tools' is not supported yet: {_NO_TOOLS}"),
-    "tool_choice": _no_call("tool_choice"),
-    "parallel_tool_calls": lambda value: None,  # without tools it has nothing to govern
-    "functions": _none_but([], why=f"'functions' is not supported yet: {_NO_TOOLS}"),
-    "function_call": _no_call("function_call"),
+    # OpenAI's deprecated forms of tools and tool_choice
+    "functions": _none_but([], why="'functions' is deprecated and not supported: use 'tools'"),
+    "function_call": _none_but(
+        "none", "auto", why="'function_call' is deprecated and not supported: use 'tool_choice'"
+    ),
     "logit_bias": _none_but({}, why="'logit_bias' is not supported yet"),
     "modalities": _none_but(["text"], why="only the text modality is supported"),
     "audio": _none_but(why="audio output is not supported"),

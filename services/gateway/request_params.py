@@ -3,7 +3,8 @@
 Every check raises a 400 `ApiError` whose `param` names the field, with a message that says what
 was expected and what came. Which fields a body may carry at all is request_fields.py's table,
 checked first; `null` means "default" for every optional field, as the OpenAI SDKs sometimes
-send it.
+send it. Chat messages are chat_messages.py's, tool fields tools.py's, structured-output fields
+structured.py's.
 Ranges match shared/sampling/params.py, which owns their meaning on the worker side.
 """
 
@@ -16,16 +17,17 @@ from typing import Any
 
 import msgspec
 
-from services.gateway.errors import invalid
+from services.gateway.chat_messages import parse_messages
+from services.gateway.errors import invalid, shown
 from services.gateway.request_fields import check_chat_fields, check_completion_fields
 from services.gateway.structured import grammar_of
+from services.gateway.tools import ToolRequest, tools_of
 from shared.protocol import DOMAIN_PATTERN, Sampling
 
 MAX_LOGPROBS = 20
 MAX_N = 16  # choices per request: n generations of one prompt
 MAX_STOP_STRINGS = 4
 _INT64 = 2**63
-CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class ChatRequest:
     model: str | None
     messages: list[dict[str, Any]]
     params: GenerationParams
+    tools: ToolRequest | None = None  # tools.py: what the model's template makes of them
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
@@ -81,7 +84,7 @@ class Fields:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise invalid(f"'{name}' must be a boolean, got {_show(value)}", name)
+            raise invalid(f"'{name}' must be a boolean, got {shown(value)}", name)
         return value
 
     def integer(self, name: str, default: int | None, lo: int, hi: int) -> int | None:
@@ -89,7 +92,7 @@ class Fields:
         if value is None:
             return default
         if not isinstance(value, int) or isinstance(value, bool):
-            raise invalid(f"'{name}' must be an integer, got {_show(value)}", name)
+            raise invalid(f"'{name}' must be an integer, got {shown(value)}", name)
         if not lo <= value <= hi:
             raise invalid(f"'{name}' must be between {lo} and {hi}, got {value}", name)
         return value
@@ -101,7 +104,7 @@ class Fields:
         if value is None:
             return default
         if not isinstance(value, int | float) or isinstance(value, bool):
-            raise invalid(f"'{name}' must be a number, got {_show(value)}", name)
+            raise invalid(f"'{name}' must be a number, got {shown(value)}", name)
         value = float(value)
         # Written so that NaN fails both comparisons.
         ok = (value > lo if lo_open else value >= lo) and value <= hi and math.isfinite(value)
@@ -110,11 +113,6 @@ class Fields:
             shown_hi = "inf)" if math.isinf(hi) else f"{hi:g}]"
             raise invalid(f"'{name}' must be in {bracket}{lo:g}, {shown_hi}, got {value}", name)
         return value
-
-
-def _show(value: Any) -> str:
-    text = msgspec.json.encode(value).decode()
-    return f"{type(value).__name__} {text[:40]}"
 
 
 def _sampling(f: Fields, logprobs: int | None) -> Sampling:
@@ -176,7 +174,7 @@ def _domain(f: Fields) -> str:
     if not isinstance(value, str) or not re.fullmatch(DOMAIN_PATTERN, value):
         raise invalid(
             "'domain' must name an n-gram table: letters, digits, '.', '_' or '-', at most 64, "
-            f"starting with a letter or digit; got {_show(value)}",
+            f"starting with a letter or digit; got {shown(value)}",
             "domain",
         )
     return value
@@ -185,7 +183,7 @@ def _domain(f: Fields) -> str:
 def _model(f: Fields) -> str | None:
     model = f.get("model")
     if model is not None and not isinstance(model, str):
-        raise invalid(f"'model' must be a string, got {_show(model)}", "model")
+        raise invalid(f"'model' must be a string, got {shown(model)}", "model")
     return model
 
 
@@ -248,51 +246,7 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         max_tokens = f.integer("max_tokens", None, 1, 2**31 - 1)
     return ChatRequest(
         model=_model(f),
-        messages=_messages(body.get("messages")),
+        messages=parse_messages(body.get("messages")),
         params=_common(f, max_tokens, (top or 0) if want_logprobs else None),
+        tools=tools_of(body),
     )
-
-
-def _messages(value: Any) -> list[dict[str, Any]]:
-    if value is None:
-        raise invalid("'messages' is required", "messages")
-    if not isinstance(value, list) or not value:
-        raise invalid("'messages' must be a non-empty list", "messages")
-    out = []
-    for i, msg in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise invalid(f"{where} must be an object", where)
-        role = msg.get("role")
-        if role not in CHAT_ROLES:
-            raise invalid(
-                f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}, got {_show(role)}",
-                f"{where}.role",
-            )
-        # Templates know "system"; "developer" is OpenAI's newer name for it.
-        entry: dict[str, Any] = {
-            "role": "system" if role == "developer" else role,
-            "content": _content(msg.get("content"), f"{where}.content"),
-        }
-        if isinstance(msg.get("name"), str):
-            entry["name"] = msg["name"]
-        out.append(entry)
-    return out
-
-
-def _content(value: Any, where: str) -> str:
-    if value is None:
-        return ""  # assistant turns that only carried tool calls
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise invalid(f"{where} must be a string or a list of content parts", where)
-    texts = []
-    for part in value:
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise invalid(f"{where}: only text content parts are supported, got {kind!r}", where)
-        if not isinstance(part.get("text"), str):
-            raise invalid(f"{where}: a text part needs a string 'text'", where)
-        texts.append(part["text"])
-    return "\n".join(texts)

@@ -26,7 +26,7 @@ from services.gateway.errors import invalid
 FIELDS = ("response_format", "grammar", "json_schema") + tuple(
     f"guided_{kind}" for kind in ("json", "regex", "choice", "grammar")
 )
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def grammar_of(body: dict[str, Any]) -> str:
@@ -91,5 +91,5 @@ def _schema(schema: Any, strict: bool) -> str:
             raise ValueError(f"the schema is not JSON: {exc}") from None
     if not isinstance(schema, dict):
         raise ValueError("the schema must be a JSON object")
-    options = {**_JSON_LAYOUT, "lenient": not strict}
+    options = {**JSON_LAYOUT, "lenient": not strict}
     return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options)

@@ -49,7 +49,13 @@ ERROR_CASES = [
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, None),
     (CHAT, {"messages": MSGS, "n": 17}, 400, "n"),
     (CHAT, {"messages": MSGS, "response_format": {"type": "json"}}, 400, "response_format"),
-    (CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, 400, "tools"),
+    (CHAT, {"messages": MSGS, "tools": [{"type": "function"}]}, 400, "tools[0].function"),
+    (
+        CHAT,
+        {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+        "tools",
+    ),  # SmolLM2's template has no tool support
     (CHAT, {"messages": MSGS, "top_logprobs": 2}, 400, "top_logprobs"),
     (CHAT, {"messages": MSGS, "max_completion_tokens": -1}, 400, "max_completion_tokens"),
     (CHAT, {"messages": MSGS, "logprobs": "yes"}, 400, "logprobs"),

@@ -24,10 +24,17 @@ from services.gateway.request_fields import (
 )
 from services.gateway.request_params import MAX_N, parse_chat, parse_completion
 from services.gateway.structured import FIELDS as STRUCTURED
+from services.gateway.tools import FIELDS as TOOLS
 
 VOCAB = 1000
 MSGS = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def _named(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
 # strict: a keyword the grammar compiler lacks is an error, not skipped
 _ODD = {"type": "object", "properties": {"a": {"type": "string", "format": "odd"}}}
@@ -53,13 +60,41 @@ REFUSED = [
     ("chat", {"guided_choice": []}, "guided_choice", "non-empty list"),
     ("chat", {"guided_json": "{not json"}, "guided_json", "not JSON"),
     ("chat", {"response_format": SCHEMA, "guided_regex": "a+"}, "guided_regex", "one field"),
-    ("chat", {"tools": [TOOL]}, "tools", "not supported yet"),
-    ("chat", {"tools": [TOOL], "parallel_tool_calls": True}, "tools", "tool calls"),
-    ("chat", {"tools": [TOOL], "tool_choice": "auto"}, "tools", "tool calls"),
-    ("chat", {"tool_choice": "required"}, "tool_choice", "tool call"),
-    ("chat", {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", ""),
-    ("chat", {"functions": [{"name": "f"}]}, "functions", "not supported yet"),
-    ("chat", {"function_call": {"name": "f"}}, "function_call", "tool call"),
+    ("chat", {"tools": TOOL}, "tools", "must be a list"),
+    ("chat", {"tools": [{"type": "function"}]}, "tools[0].function", "must be an object"),
+    ("chat", {"tools": [{"type": "code", "function": {}}]}, "tools[0]", "type 'function'"),
+    ("chat", {"tools": [{**TOOL, "function": {"name": "a b"}}]}, "tools[0].function.name", "64"),
+    ("chat", {"tools": [TOOL, TOOL]}, "tools[1].function.name", "offered twice"),
+    (
+        "chat",
+        {"tools": [{**TOOL, "function": {"name": "f", "parameters": "x"}}]},
+        "tools[0].function.parameters",
+        "JSON object",
+    ),
+    ("chat", {"tools": [TOOL], "tool_choice": "any"}, "tool_choice", "none, auto, required"),
+    ("chat", {"tools": [TOOL], "tool_choice": _named("g")}, "tool_choice", "does not offer"),
+    ("chat", {"tools": [TOOL], "parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
+    ("chat", {"tool_choice": "required"}, "tool_choice", "'tools' offers none"),
+    ("chat", {"tool_choice": _named("f")}, "tool_choice", "'tools' offers none"),
+    (
+        "chat",
+        {"tools": [TOOL], "tool_choice": "required", "response_format": SCHEMA},
+        "response_format",
+        "cannot be combined",
+    ),
+    (
+        "chat",
+        {"tools": [TOOL], "tool_choice": _named("f"), "guided_regex": "a"},
+        "guided_regex",
+        "cannot be combined",
+    ),
+    (
+        "chat",
+        {"functions": [{"name": "f"}]},
+        "functions",
+        "deprecated and not supported: use 'tools'",
+    ),
+    ("chat", {"function_call": {"name": "f"}}, "function_call", "use 'tool_choice'"),
     ("chat", {"logit_bias": {"42": -100}}, "logit_bias", "not supported"),
     ("chat", {"audio": {"voice": "alloy", "format": "wav"}}, "audio", "audio"),
     ("chat", {"modalities": ["text", "audio"]}, "modalities", "text modality"),
@@ -112,6 +147,9 @@ ACCEPTED = [
     ("chat", {"prompt_cache_key": "k", "service_tier": "auto"}),
     ("chat", {"response_format": {"type": "text"}, "tools": [], "tool_choice": "none"}),
     ("chat", {"tools": None, "tool_choice": "auto", "parallel_tool_calls": False}),
+    ("chat", {"tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": True}),
+    ("chat", {"tools": [TOOL], "tool_choice": _named("f"), "parallel_tool_calls": None}),
+    ("chat", {"tools": [TOOL], "tool_choice": "none", "response_format": SCHEMA}),
     ("chat", {"functions": [], "function_call": "none", "logit_bias": {}}),
     ("chat", {"modalities": ["text"], "audio": None, "prediction": None}),
     ("chat", {"reasoning_effort": None, "verbosity": None, "web_search_options": None}),
@@ -163,8 +201,8 @@ def test_every_read_field_parses_together() -> None:
         "logprobs": True,
         "top_logprobs": 2,
     }
-    # structured output takes one field at a time: each of them is in ACCEPTED
-    assert set(chat) | set(STRUCTURED) == CHAT_READ
+    # structured output takes one field at a time: each of them is in ACCEPTED; tools too
+    assert set(chat) | set(STRUCTURED) | set(TOOLS) == CHAT_READ
     params = parse_chat(chat).params
     assert (params.n, params.max_tokens, params.sampling.seed, params.domain) == (2, 8, 3, "code")
     assert params.include_usage and params.ignore_eos and params.sampling.logprobs == 2
@@ -193,8 +231,9 @@ def _fields_request_params_reads() -> set[str]:
 
 
 def test_tables_match_what_is_read() -> None:
-    # the structured-output fields are read by structured.py (its FIELDS)
-    assert _fields_request_params_reads() | set(STRUCTURED) == CHAT_READ | COMPLETION_READ
+    # the structured-output fields are read by structured.py (its FIELDS), tools by tools.py
+    read = _fields_request_params_reads() | set(STRUCTURED) | set(TOOLS)
+    assert read == CHAT_READ | COMPLETION_READ
     assert set(EXTENSIONS) <= CHAT_READ & COMPLETION_READ
     assert COMPLETION_IGNORED <= CHAT_IGNORED == set(IGNORED)
     for read, ignored, not_yet in (

@@ -120,6 +120,7 @@ def test_the_runner_fills_tokens_in_flight_through_the_staging(monkeypatch) -> N
             self.num_inflight, self.inflight_row = inflight, row
             self.block_table, self.num_verifying, self.draft = [1, 2], 0, []
             self.params = self.prompt_ids = self.output_ids = self.generator = None
+            self.constraint = None
 
         def token_slice(self, a, b):
             return [3] * (b - a)

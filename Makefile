@@ -17,7 +17,7 @@ JOBS ?= auto
 RUNTIME_STAMP := $(VENV)/.skiff-runtime
 STAMP := $(VENV)/.skiff-installed
 
-.PHONY: install install-runtime models test lint pytest serve gpu-wheels gpu-payload clean
+.PHONY: install install-runtime models test lint pytest serve gpu-wheels gpu-payload clean browser
 
 $(RUNTIME_STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,7 +50,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-pytest: $(STAMP) models
+# Headless Chromium for the chat page's browser test (Debian's package, where apt and root are
+# at hand; elsewhere that test skips and says why)
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && { apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends chromium \
+	  >/dev/null; }; }; } || echo "no chromium here: the chat page's browser test will skip"
+
+pytest: $(STAMP) models browser
 	# Triton kernels run on the CPU under the interpreter (small shapes); natively on a GPU
 	TRITON_INTERPRET=1 SKIFF_MODELS_DIR=$(MODELS) $(PY) -m pytest -q -p no:cacheprovider \
 	  -n $(JOBS) --durations=25

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from services.gateway import openai_api, tokenize_api
+from services.gateway import chat_page, openai_api, tokenize_api
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import ApiError
 from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -52,6 +52,7 @@ def create_app(config: GatewayConfig, model: ServedModel | None = None) -> web.A
     app.router.add_post("/detokenize", tokenize_api.detokenize)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    chat_page.add_routes(app)
     return app
 
 
@@ -69,7 +70,7 @@ def _middleware(gw: Gateway) -> Callable:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if keys and request.path not in OPEN_PATHS:
+            if keys and request.path not in OPEN_PATHS and not chat_page.is_open(request.path):
                 _authenticate(request, keys)
             response = await handler(request)
             status = request.get(FINAL_STATUS, response.status)

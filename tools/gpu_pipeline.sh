@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the pipeline (issue 45): greedy tokens and W7 output tok/s of one stage
 # against two stages on the one GPU (two processes) and a GPU + CPU pipeline, through the engine
-# (tools/bench_pipeline.py): first a small synthetic model carried in .device, then the 8B-shape
+# (tools/bench_pipeline.py): with SMALL=1 first a small synthetic model carried in .device, then the 8B-shape
 # Q4_K_M written here. Carry: .whl, .device. Results under $OUT.
 #   W7_C="1 64 256" W7_LAYOUTS="cuda:0 cuda:0,cuda:0 cuda:0,cpu" bash tools/gpu_pipeline.sh
 set -uo pipefail

@@ -127,6 +127,8 @@ class FakeWorker:
         self.eos_id = eos_id
         self.step_s = step_s
         self.generates: list[Generate] = []
+        self.steps_before: dict[str, int] = {}  # request id -> steps pushed before it came
+        self.steps = 0
         self.aborts: list[str] = []
         self.silent = threading.Event()  # stop heartbeats and tokens, as a hung process would
         self._stop = threading.Event()
@@ -166,6 +168,7 @@ class FakeWorker:
                         dealer.send(enc.encode(rej))
                     elif isinstance(msg, Generate):
                         self.generates.append(msg)
+                        self.steps_before[msg.request_id] = self.steps
                         active[msg.request_id] = [msg, 0]
                     elif isinstance(msg, Abort):
                         self.aborts.append(msg.request_id)
@@ -183,6 +186,7 @@ class FakeWorker:
                     if t.finish_reason is not None:
                         del active[t.request_id]
                 push.send(enc.encode(StepTokens(self.worker_id, tokens)))
+                self.steps += 1
         ctx.destroy(linger=0)
 
     def _next(self, state: list) -> TokenOut:

@@ -1,9 +1,11 @@
-"""A request's n choices: n `Generation`s of one prompt, started together, their deltas merged
-in the order they come, and all ended together.
+"""A request's n choices: n `Generation`s of one prompt, their deltas merged in the order they
+come, and all ended together.
 
-The choices go to one worker where the router allows (its prefix cache can then hold the
-prompt's blocks once). Choice i samples with seed + i (wrapped to int64), so seeded choices
-differ from each other and are each reproducible. With one choice the deltas come straight
+Choice 0 starts first; the others start once its first token is out, on the same worker where
+the router allows: the prompt's full blocks are then in that worker's prefix cache, so the
+prompt is computed once (each other choice computes its last partial block only). Choice i
+samples with seed + i (wrapped to int64), so seeded choices differ from each other and are each
+reproducible. With one choice the deltas come straight
 from its generation; with more, a task per choice pumps its deltas into one queue, so a stream
 interleaves the choices as the worker makes them, and a failure of any (the client leaving
 too) ends the request: `close()` aborts every choice still running on a worker.
@@ -46,17 +48,24 @@ class Choices:
         stop_ids: list[int],
         domain: str,
     ) -> None:
-        worker = ""
-        for i, gen in enumerate(self.gens):
-            seeded = msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, i))
-            await gen.start(prompt_ids, max_tokens, seeded, stop_ids, domain, prefer=worker)
-            worker = gen.stream.worker_id
+        def seeded(i: int) -> Sampling:
+            return msgspec.structs.replace(sampling, seed=choice_seed(sampling.seed, i))
+
+        first = self.gens[0]
+        await first.start(prompt_ids, max_tokens, seeded(0), stop_ids, domain)
         self.metrics.prompt_tokens.inc(len(prompt_ids))
-        if len(self.gens) > 1:
-            self._pumps = [
-                asyncio.create_task(self._pump(i, gen), name=f"choice-{i}")
-                for i, gen in enumerate(self.gens)
-            ]
+        if len(self.gens) == 1:
+            return
+        # the others once choice 0 has its first token: its prompt's full blocks are then in
+        # the worker's prefix cache, and each of them computes only the last partial block
+        prefilled = asyncio.Event()
+        self._pumps = [asyncio.create_task(self._pump(0, first, prefilled), name="choice-0")]
+        await prefilled.wait()
+        for i, gen in enumerate(self.gens[1:], 1):
+            await gen.start(
+                prompt_ids, max_tokens, seeded(i), stop_ids, domain, prefer=first.stream.worker_id
+            )
+            self._pumps.append(asyncio.create_task(self._pump(i, gen), name=f"choice-{i}"))
 
     # -- usage: the prompt once, the completions summed -----------------------------------------
     @property
@@ -89,14 +98,20 @@ class Choices:
                 return index, item
         raise StopAsyncIteration
 
-    async def _pump(self, index: int, gen: Generation) -> None:
+    async def _pump(self, index: int, gen: Generation, first: asyncio.Event | None = None) -> None:
+        """The choice's deltas into the queue; `first` set at its first delta (or its end)."""
         try:
             async for delta in gen:
                 self._queue.put_nowait((index, delta))
+                if first is not None:
+                    first.set()
         except Exception as exc:  # the worker failed it, or the client left: the request ends
             self._queue.put_nowait((index, exc))
         else:
             self._queue.put_nowait((index, None))
+        finally:
+            if first is not None:
+                first.set()
 
     async def close(self) -> None:
         """Stop the pumps, then abort every choice the worker still runs."""

@@ -1,5 +1,6 @@
 """n > 1 over real HTTP and ZMQ against fake workers (tests/gateway_harness.py): n choices
-indexed 0..n-1, seeds seed + i, all n sent to one worker, usage with the prompt counted once,
+indexed 0..n-1, seeds seed + i, all n sent to one worker, the others after choice 0's first
+token (its prompt then in the worker's prefix cache), usage with the prompt counted once,
 streams interleaving the choices, and a client that leaves aborting every choice."""
 
 from __future__ import annotations
@@ -103,3 +104,12 @@ def test_client_disconnect_aborts_every_choice(make_server, make_worker, stream:
     sock.close()
     ids = {g.request_id for g in worker.generates}
     wait_until(lambda: ids <= set(worker.aborts), timeout=1.5, what="three Aborts")
+
+
+def test_other_choices_start_after_the_first_ones_first_token(make_server, make_worker) -> None:
+    server = make_server()
+    worker = make_worker(server, "w1")
+    out = server.client().completions.create(model=NAME, prompt="a", n=3, max_tokens=4)
+    assert len(out.choices) == 3
+    first, *others = [worker.steps_before[g.request_id] for g in worker.generates]
+    assert len(others) == 2 and all(k > first for k in others), (first, others)

@@ -35,7 +35,6 @@ class Browser:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         self.ws_url = self._page_socket()
-        self._ids = 0
 
     def _page_socket(self, timeout: float = 30) -> str:
         deadline = time.monotonic() + timeout
@@ -71,10 +70,11 @@ class Browser:
 class Session:
     def __init__(self, ws: aiohttp.ClientWebSocketResponse, browser: Browser) -> None:
         self.ws, self.browser = ws, browser
+        self._ids = 0  # the protocol's message ids on this socket
 
     async def call(self, method: str, **params: Any) -> dict:
-        self.browser._ids += 1
-        mine = self.browser._ids
+        self._ids += 1
+        mine = self._ids
         await self.ws.send_json({"id": mine, "method": method, "params": params})
         while True:
             msg = await self.ws.receive_json(timeout=60)

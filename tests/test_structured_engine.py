@@ -75,7 +75,8 @@ def parts(llama_path: Path):
     torch.set_num_threads(1)
     f = GGUFFile(llama_path, cache_dir=llama_path.parent / "cache")
     model = load_model(f, "cpu")
-    yield model, load_tokenizer(f.metadata), Constraints(str(llama_path), model.cfg.vocab_size)
+    tok = load_tokenizer(f.metadata)
+    yield model, tok, Constraints(tok, model.cfg.vocab_size)
     torch.set_num_threads(threads)
 
 

@@ -22,7 +22,7 @@ import llguidance
 import llguidance.numpy as llnp
 import numpy as np
 
-from shared.grammar.constraint import GrammarCompiler, _Vocabulary
+from shared.grammar.constraint import GrammarCompiler, Vocabulary
 from shared.loader import GGUFFile
 from shared.tokenizer import load_tokenizer
 
@@ -74,7 +74,7 @@ def _xgrammar(tok, vocab: int, batch: int, steps: int, threads: int | None) -> d
         return {"engine": "xgrammar", "missing": str(exc)}
     t0 = time.perf_counter()
     stops = sorted(tok.stop_ids) or [tok.eos_id]
-    info = xgr.TokenizerInfo(_Vocabulary(tok, stops).tokens, xgr.VocabType.RAW,
+    info = xgr.TokenizerInfo(Vocabulary(tok, stops).tokens, xgr.VocabType.RAW,
                              vocab_size=vocab, stop_token_ids=stops)  # fmt: skip
     compiler = xgr.GrammarCompiler(info, max_threads=threads or 8)
     setup = time.perf_counter() - t0

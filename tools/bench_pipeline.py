@@ -107,17 +107,16 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--gen", type=int, default=32)
     p.add_argument("--check", type=int, default=24, help="greedy tokens compared per prompt")
-    p.add_argument("--reference-file", type=Path, help=argparse.SUPPRESS)  # one layout, here
+    p.add_argument("--reference-file", type=Path, help=argparse.SUPPRESS)  # of the layouts
+    p.add_argument("--only", help=argparse.SUPPRESS)  # the layout this process runs
     a = p.parse_args()
-    if a.reference_file is not None:
-        _layout(a, a.layouts[0], a.reference_file)
+    if a.only is not None:
+        _layout(a, a.only, a.reference_file)
         return
-    at = sys.argv.index("--layouts") if "--layouts" in sys.argv else len(sys.argv)
-    rest = [x for x in sys.argv[at + 1 :] if x not in a.layouts]
     with tempfile.TemporaryDirectory() as tmp:
+        reference = ["--reference-file", str(Path(tmp) / "reference.json")]
         for layout in a.layouts:
-            argv = [*sys.argv[1:at], "--layouts", layout, *rest]
-            argv += ["--reference-file", str(Path(tmp) / "reference.json")]
+            argv = [*sys.argv[1:], *reference, "--only", layout]
             done = subprocess.run([sys.executable, "-m", "tools.bench_pipeline", *argv])
             if done.returncode != 0:
                 print(json.dumps({"layout": layout, "failed": done.returncode}), flush=True)

@@ -145,8 +145,8 @@ class ModelRunner:
             return logits
         if self._grammar_threads is None:
             self._grammar_threads = llguidance.LLExecutor()
-        masks = fill_masks(constraints, logits.shape[1], self._grammar_threads)
-        return logits if masks is None else apply_masks(logits, masks)
+        filled = fill_masks(constraints, logits.shape[1], self._grammar_threads, logits.is_cuda)
+        return logits if filled is None else apply_masks(logits, *filled)
 
     def _reads_pinned(self) -> bool:
         """Whether steps are built into pinned host memory (graphs on a CUDA device), which the

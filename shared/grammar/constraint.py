@@ -15,7 +15,7 @@ import llguidance
 from shared.tokenizer import Tokenizer
 
 
-class _Vocabulary:
+class Vocabulary:
     """What llguidance.LLTokenizer asks of a tokenizer: the tokens' bytes, EOS and BOS ids,
     the special ids (matched only by name in a grammar) and an encoder of bytes."""
 
@@ -55,7 +55,7 @@ class GrammarCompiler:
 
     def __init__(self, tokenizer: Tokenizer, n_vocab: int) -> None:
         stop_ids = sorted(tokenizer.stop_ids) or [tokenizer.eos_id or 0]
-        vocab = llguidance.TokenizerWrapper(_Vocabulary(tokenizer, stop_ids))
+        vocab = llguidance.TokenizerWrapper(Vocabulary(tokenizer, stop_ids))
         self.tokenizer = llguidance.LLTokenizer(vocab, n_vocab=n_vocab, eos_token=stop_ids)
         self.n_vocab = n_vocab
 

@@ -6,13 +6,12 @@ the first constrained request, not at start: ~0.2 s for SmolLM2's 49k tokens, ~2
 from __future__ import annotations
 
 from shared.grammar import Constraint, GrammarCompiler
-from shared.loader import GGUFFile
-from shared.tokenizer import load_tokenizer
+from shared.tokenizer import Tokenizer
 
 
 class Constraints:
-    def __init__(self, model_path: str, n_vocab: int) -> None:
-        self.model_path = model_path
+    def __init__(self, tokenizer: Tokenizer, n_vocab: int) -> None:
+        self.tokenizer = tokenizer  # the engine's (LoadedEngine.tokenizer)
         self.n_vocab = n_vocab  # the logits' width
         self._compiler: GrammarCompiler | None = None
 
@@ -20,8 +19,7 @@ class Constraints:
         """The grammar's constraint, advanced over a resumed request's tokens so far.
         ValueError (a 400 for the request) if it does not compile or they do not match it."""
         if self._compiler is None:
-            tokenizer = load_tokenizer(GGUFFile(self.model_path).metadata)
-            self._compiler = GrammarCompiler(tokenizer, self.n_vocab)
+            self._compiler = GrammarCompiler(self.tokenizer, self.n_vocab)
         constraint = self._compiler.compile(grammar)
         for token in output_ids:
             constraint.advance(token)

@@ -346,7 +346,7 @@ def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
             log(wid, "prefill role without the kvcache: decode workers recompute the prompts")
     loop = WorkerLoop(
         wid, loaded, control, tokens, cfg.device, tiers, spec, cfg.spec_max_tokens,
-        cfg.spec_max_batch, role, Constraints(cfg.model, engine.runner.model.cfg.vocab_size),
+        cfg.spec_max_batch, role, Constraints(loaded.tokenizer, engine.runner.model.cfg.vocab_size),
     )  # fmt: skip
     holder.append(loop)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -106,6 +106,10 @@ class Heartbeat(_Msg, tag="hb"):
     # speculation, counts since it started: "steps" verified, and per proposer the tokens
     # "drafted:<source>" and "accepted:<source>"
     spec: dict[str, int] = {}
+    # structured output, counts since it started: steps that masked logits ("steps"), masked
+    # rows ("rows"), host microseconds filling the masks ("fill_us"), applying them
+    # ("apply_us") and waiting first for the tokens of the step in flight ("catch_up_us")
+    grammar: dict[str, int] = {}
 
 
 class Rejected(_Msg, tag="rej"):

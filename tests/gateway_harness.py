@@ -41,6 +41,7 @@ REPLY = "Hello world, this is a test"
 NAME = "smollm2"
 MAX_MODEL_LEN = 2048
 KV_USED, KV_FREE, WAITING = 5, 95, 1  # what fake workers report in heartbeats
+GRAMMAR = {"steps": 7, "rows": 12, "fill_us": 840, "apply_us": 150}  # likewise
 REJECTED_MAX_TOKENS = 777  # fake workers reject requests asking for this many tokens
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -177,7 +178,9 @@ class FakeWorker:
                 continue
             now = time.monotonic()
             if now >= next_heartbeat:
-                hb = Heartbeat(self.worker_id, KV_USED, KV_FREE, len(active), WAITING)
+                hb = Heartbeat(
+                    self.worker_id, KV_USED, KV_FREE, len(active), WAITING, grammar=GRAMMAR
+                )
                 dealer.send(enc.encode(hb))
                 next_heartbeat = now + HEARTBEAT_INTERVAL_S
             if active:

@@ -21,6 +21,8 @@ SAMPLES = [
     ),
     P.Heartbeat("w1", 10, 990, 3, 1),
     P.Heartbeat("w1", 10, 990, 3, 1, {"stored": 5, "restored": 2}),
+    P.Heartbeat("w1", 10, 990, 3, 1, spec={"steps": 4, "drafted:prompt": 9}),
+    P.Heartbeat("w1", 10, 990, 3, 1, grammar={"steps": 7, "rows": 12, "fill_us": 840}),
     P.Rejected("r3", 400, "too long"),
     P.Prefilled("r4", [9], b"\x00\xff" * 8, "cpu", 12),
     P.StepTokens(

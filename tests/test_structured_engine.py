@@ -127,7 +127,8 @@ def test_json_schemas_parse_and_validate(parts, seed: int | None) -> None:
     seqs = [
         _seq(i, constraints, g, seed and seed + i, tok.stop_ids) for i, g in enumerate(grammars)
     ]
-    got = _run(_engine(model), seqs)
+    eng = _engine(model)
+    got = _run(eng, seqs)
     for i, schema in enumerate(SCHEMAS):
         ids, reason = got[i]
         assert reason == "stop", (reason, _text(tok, ids))
@@ -135,6 +136,12 @@ def test_json_schemas_parse_and_validate(parts, seed: int | None) -> None:
         jsonschema.validate(value, schema)
         # one line, separators as json.dumps writes them
         assert _text(tok, ids) == json.dumps(value, ensure_ascii=False)
+    # the prompts run in one step, then every step samples a token of each sequence left, each
+    # under its mask: a masked step per token of the longest, a row per token
+    stats = eng.runner.grammar_stats
+    assert stats["steps"] == max(len(ids) for ids, _ in got.values())
+    assert stats["rows"] == sum(len(ids) for ids, _ in got.values()) > stats["steps"]
+    assert stats["fill_us"] > 0 and stats["apply_us"] > 0 and stats["catch_up_us"] == 0
 
 
 def test_regex_choice_and_gbnf_are_matched(parts) -> None:
@@ -190,6 +197,7 @@ def test_overlapped_steps_equal_synchronous_ones(parts) -> None:
         runs.append(_run(eng, seqs))
     assert runs[0] == runs[1]
     assert len(overlapped) > 20  # the steps with constrained sequences overlapped
+    assert eng.runner.grammar_stats["catch_up_us"] > 0  # the overlapped engine's (the last)
     json.loads(_text(tok, runs[1][1][0]))
 
 

@@ -71,6 +71,15 @@ class GatewayMetrics:
             ["worker", "event", "source"],
             registry=r,
         )
+        self.grammar = Gauge(
+            "skiff_grammar",
+            "structured output per worker since it started, from heartbeats: steps that masked "
+            "logits (event steps), masked rows (rows), host microseconds filling the masks "
+            "(fill_us), applying them (apply_us) and waiting first for the tokens of the step "
+            "in flight (catch_up_us)",
+            ["worker", "event"],
+            registry=r,
+        )
         self.moves = Gauge(
             "skiff_request_moves",
             "requests moved between workers since the gateway started: handed_on (prefilled "
@@ -91,6 +100,7 @@ class GatewayMetrics:
         self.kv_free.clear()
         self.kv_tiers.clear()
         self.spec.clear()
+        self.grammar.clear()
         waiting = 0
         for w in workers.all_workers():
             hb = w.heartbeat
@@ -104,6 +114,8 @@ class GatewayMetrics:
             for key, n in hb.spec.items():
                 event, _, source = key.partition(":")
                 self.spec.labels(worker=w.worker_id, event=event, source=source).set(n)
+            for event, n in hb.grammar.items():
+                self.grammar.labels(worker=w.worker_id, event=event).set(n)
         self.queue_depth.set(waiting)
         self.workers_ready.set(len(workers.ready_workers()))
         return generate_latest(self.registry)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Callable
 
 import llguidance
@@ -36,6 +37,10 @@ class ModelRunner:
         # the last two steps (tokens, sequences, graph key or None), for stall logs
         self._runs: deque[tuple[int, int, tuple[str, int] | None]] = deque(maxlen=2)
         self._grammar_threads: llguidance.LLExecutor | None = None  # fills the token masks
+        # structured output since start: steps with masks ("steps"), masked rows ("rows"), and
+        # host microseconds waiting for the tokens in flight ("catch_up_us"), filling the masks
+        # ("fill_us") and applying them ("apply_us", the launches' host time)
+        self.grammar_stats: Counter[str] = Counter()
 
     def run(
         self,
@@ -109,7 +114,9 @@ class ModelRunner:
             return sampled, self._verify(logits, sampled)
         constraints = [s.constraint for s in sampled]
         if catch_up is not None and any(c is not None for c in constraints):
+            start = time.perf_counter()
             catch_up()
+            self.grammar_stats["catch_up_us"] += _us(start)
         logits = self._masked(logits, constraints)
         out = self.sampler.sample(
             logits,
@@ -145,8 +152,18 @@ class ModelRunner:
             return logits
         if self._grammar_threads is None:
             self._grammar_threads = llguidance.LLExecutor()
+        start = time.perf_counter()
         filled = fill_masks(constraints, logits.shape[1], self._grammar_threads, logits.is_cuda)
-        return logits if filled is None else apply_masks(logits, *filled)
+        if filled is None:
+            return logits
+        filled_at = time.perf_counter()
+        logits = apply_masks(logits, *filled)
+        stats = self.grammar_stats
+        stats["steps"] += 1
+        stats["rows"] += len(filled[0])
+        stats["fill_us"] += _us(start, filled_at)
+        stats["apply_us"] += _us(filled_at)
+        return logits
 
     def _reads_pinned(self) -> bool:
         """Whether steps are built into pinned host memory (graphs on a CUDA device), which the
@@ -163,3 +180,8 @@ class ModelRunner:
             f"{n} tokens of {seqs} sequences, {f'{key[0]} graph of {key[1]}' if key else 'eager'}"
             for n, seqs, key in self._runs
         )
+
+
+def _us(start: float, end: float | None = None) -> int:
+    """Microseconds from start to end (to now without one)."""
+    return round(((time.perf_counter() if end is None else end) - start) * 1e6)

@@ -87,6 +87,7 @@ class WorkerLoop:
         self._step_s = 0.0  # the last step's time
         self._spec_counts: dict[str, int] = {}  # engine.spec_stats as of the last step (for
         # the heartbeat, which the control thread builds)
+        self._grammar_counts: dict[str, int] = {}  # engine.runner.grammar_stats, likewise
         self.engine = loaded.engine
         self.control = control
         self.tokens = tokens
@@ -109,6 +110,7 @@ class WorkerLoop:
             len(self.engine.waiting),
             self.tiers.counts() if self.tiers is not None else {},
             self._spec_counts,
+            self._grammar_counts,
         )
 
     def run(self) -> None:
@@ -215,6 +217,8 @@ class WorkerLoop:
                 self.stopped.set()
             return
         self._step_s = time.perf_counter() - start
+        if self.engine.runner.grammar_stats:
+            self._grammar_counts = dict(self.engine.runner.grammar_stats)
         self.stalls.step(self._step_s, self._step_summary)
         if events:
             out = [self._token_out(ev) for ev in events if ev.seq_id in self._request_of]

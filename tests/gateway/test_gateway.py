@@ -26,6 +26,7 @@ openai = pytest.importorskip("openai")
 from tests.gateway.conftest import chat_prompt_ids  # noqa: E402
 from tests.gateway_harness import (  # noqa: E402
     COMP,
+    GRAMMAR,
     KV_FREE,
     KV_USED,
     MAX_MODEL_LEN,
@@ -233,6 +234,8 @@ def test_metrics(served, reply_ids: list[int]) -> None:
     assert after[("skiff_queue_depth", ())] == WAITING
     assert after[("skiff_kv_blocks_used", (("worker", "w1"),))] == KV_USED
     assert after[("skiff_kv_blocks_free", (("worker", "w1"),))] == KV_FREE
+    for event, n in GRAMMAR.items():
+        assert after[("skiff_grammar", (("event", event), ("worker", "w1")))] == n
 
 
 # -- cancellation, dead workers, more workers -----------------------------------------------------

@@ -79,7 +79,8 @@ gpu-wheels:
 	  --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 -d .whl gguf==0.19.0 \
 	  msgspec pyzmq lmdb "llguidance>=1.9,<2" \
 	  openai==3.57.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection \
-	  jiter distro sniffio httpx2==2.16.2 httpcore2==2.16.2 anyio truststore typing-extensions
+	  jiter distro sniffio httpx2==2.16.2 httpcore2==2.16.2 anyio truststore typing-extensions \
+	  jsonschema jsonschema-specifications referencing rpds-py
 
 # What a device call carries (`carry: [".whl", ".device", ".tcache"]`): the wheels and the
 # llama.cpp-quantized synthetic models (their dequantized twins and the llama f32 stay, 40 MB

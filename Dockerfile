@@ -14,6 +14,10 @@ ENV PYTHONUNBUFFERED=1 \
     SKIFF_MODEL=/models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 WORKDIR /app
+# a C compiler: the CPU worker builds its kernels (shared/cpu) at first use, for the CPU it
+# runs on
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 
 # The dependencies before the source, so that editing code does not reinstall them.

@@ -44,13 +44,13 @@ def skiff_logits(
     chunk: int = 0,
     dense_copies: str = "off",
     kv_scales: str = "token",
-    cpu_int4: bool = False,
+    cpu_weights: str = "float",
 ) -> np.ndarray:
     """Teacher-forced logits from Skiff's model; `chunk` > 0 runs the prompt in chunks;
     kv_scales "head" calibrates an FP8 cache's per-head scales first, as the engine does;
-    cpu_int4: the CPU worker's int4 planes (shared.model.int4_linear), not float copies."""
+    cpu_weights: the CPU worker's quantized linears ("native", "int4"), not float copies."""
     f = GGUFFile(path)
-    model = load_model(f, device, dense_copies=dense_copies, cpu_int4=cpu_int4)
+    model = load_model(f, device, dense_copies=dense_copies, cpu_weights=cpu_weights)
     cfg = model.cfg
     n_blocks = -(-len(ids) // BLOCK)
     kv = KVPool(

@@ -40,7 +40,7 @@ def test_planes_multiply_as_the_weight(qtype: T, m: int) -> None:
 
 def test_quant_linear_keeps_planes_where_it_can() -> None:
     raw = random_raw(T.Q4_1, 32, 256, seed=1)
-    layer = QuantLinear(raw, T.Q4_1, (32, 256), torch.float32, int4=True)
+    layer = QuantLinear(raw, T.Q4_1, (32, 256), torch.float32, cpu_weights="int4")
     assert layer.int4 is not None and layer.raw is None and layer.dense_copy is None
     x = torch.randn(3, 256)
     ref = x @ dequantize(raw, T.Q4_1, (32, 256)).T
@@ -48,7 +48,7 @@ def test_quant_linear_keeps_planes_where_it_can() -> None:
     # Q6_K (16-element scales) and 24 rows (not a multiple of 16) keep a bf16 copy instead
     for qtype, shape in ((T.Q6_K, (32, 256)), (T.Q4_1, (24, 256))):
         raw = random_raw(qtype, *shape, seed=2)
-        other = QuantLinear(raw, qtype, shape, torch.float32, None, True, int4=True)
+        other = QuantLinear(raw, qtype, shape, torch.float32, None, True, cpu_weights="int4")
         assert other.int4 is None and other.dense_copy.dtype == torch.bfloat16
         ref = x @ dequantize(raw, qtype, shape).T
         got = other(x)

@@ -37,15 +37,17 @@ def text_ids(path: Path) -> list[int]:
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
 def test_real_model_agrees_with_llama_cpp(which: str, request: pytest.FixtureRequest) -> None:
-    """Skiff's float32 path, and the CPU worker's (int4 planes, bf16 activations into torch's
+    """Skiff's float32 path, and the CPU worker's (the GGUF blocks with int8-rounded
+    activations, as llama.cpp multiplies them; and int4 planes, bf16 activations into torch's
     int4 GEMM) as close to llama.cpp as the float32 path is, within the same bounds: one test,
     so that llama.cpp's logits and the float32 ones are computed once."""
     path = request.getfixturevalue(f"{which}_path")
     ids = text_ids(path)
     ref = llama_cpp_logits(path, ids)
     exact = compare(skiff_logits(path, ids), ref)
-    got = compare(skiff_logits(path, ids, cpu_int4=True), ref)
-    print(f"\n{which}: float32 copies {exact}; int4 planes {got}")
+    got = compare(skiff_logits(path, ids, cpu_weights="int4"), ref)
+    native = compare(skiff_logits(path, ids, cpu_weights="native"), ref)
+    print(f"\n{which}: float32 copies {exact}; int4 planes {got}; GGUF blocks {native}")
     # Measured 0.950 (SmolLM2) and 0.948 (Gemma 3) over ~615 positions: every disagreement is a
     # near-tie flipped by llama.cpp's 8-bit activations (the F32 test below agrees exactly).
     assert exact.top1 >= 0.94
@@ -54,6 +56,8 @@ def test_real_model_agrees_with_llama_cpp(which: str, request: pytest.FixtureReq
     # 0.175 (bf16 activations and scales)
     assert got.top1 >= exact.top1 - 0.015 and got.top1 >= 0.93
     assert got.mean_abs_diff < 0.25
+    assert native.top1 >= exact.top1 - 0.015 and native.top1 >= 0.93
+    assert native.mean_abs_diff < 0.25
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
@@ -87,12 +91,15 @@ def test_synthetic_quantized_llama(ftype: str, synthetic_dir: Path) -> None:
     ours = skiff_logits(path, ids)
     ref_quant, ref_f32 = llama_cpp_logits(path, ids), llama_cpp_logits(f32, ids)
     direct, exact = compare(ours, ref_quant), compare(ours, ref_f32)
+    # the CPU worker's GGUF blocks (shared.model.native_linear): int8 activations as llama.cpp's
+    native = compare(skiff_logits(path, ids, cpu_weights="native"), ref_quant)
     print(
         f"\nsynthetic llama {ftype}: vs llama.cpp {direct}; vs llama.cpp on the F32 copy {exact};"
-        f" llama.cpp int8-activation noise {compare(ref_quant, ref_f32)}"
+        f" llama.cpp int8-activation noise {compare(ref_quant, ref_f32)}; GGUF blocks {native}"
     )
     assert exact.top1 >= 0.99 and exact.mean_abs_diff < 0.01
     assert direct.top1 >= 0.90 and direct.mean_abs_diff < 0.2
+    assert native.top1 >= 0.90 and native.mean_abs_diff < 0.2
 
 
 @pytest.mark.parametrize(

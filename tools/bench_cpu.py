@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--gen", type=int, default=64)
     p.add_argument("--streams", type=int, default=16)
-    p.add_argument("--cpu-weights", default="int4", choices=["int4", "float"])
+    p.add_argument("--cpu-weights", default="native", choices=["native", "int4", "float"])
     p.add_argument("--only", choices=["skiff", "llama.cpp"], help="run one engine, in-process")
     a = p.parse_args(argv)
     for model in a.models:

@@ -18,6 +18,7 @@ from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
 from shared.model import load_model
 from shared.model.causal_lm import LayerSpan
+from shared.model.loading import CPU_WEIGHTS
 from shared.pipeline.build import cap_memory, plan_stages, start_stages
 from shared.pipeline.lead import Pipeline
 from shared.tokenizer import Tokenizer, load_tokenizer
@@ -46,7 +47,7 @@ class EngineConfig:
     step_target_ms: float = 0.0  # steps with decodes: 0 auto (2x theirs), > 0 floor, < 0 off
     dense_copies: str = "auto"  # auto / on / off: dense copies of packed weights (big batches)
     # CPU: quantized linears as torch's int4 planes (int4_linear), else float copies ("float")
-    cpu_weights: str = "int4"
+    cpu_weights: str = "native"
     # pipeline stages after this device's (shared.pipeline): their devices, and the layers of
     # every stage, this one first (empty: split evenly)
     stages: tuple[str, ...] = ()
@@ -104,9 +105,9 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
         raise ValueError(f"cuda_graphs {cfg.cuda_graphs!r}: one of {', '.join(GRAPH_MODES)}")
     f = GGUFFile(cfg.model_path)
     dtype = getattr(torch, cfg.dtype)
-    if cfg.cpu_weights not in ("int4", "float"):
-        raise ValueError(f"cpu_weights {cfg.cpu_weights!r}: int4 or float")
-    int4 = cfg.cpu_weights == "int4" and torch.device(cfg.device).type == "cpu"
+    if cfg.cpu_weights not in CPU_WEIGHTS:
+        raise ValueError(f"cpu_weights {cfg.cpu_weights!r}: one of {', '.join(CPU_WEIGHTS)}")
+    cpu_weights = cfg.cpu_weights if torch.device(cfg.device).type == "cpu" else "float"
     kv_dtype = resolve_kv_dtype(cfg.kv_dtype, dtype, cfg.device)
     split, planned_blocks = [], 0
     if cfg.stages:
@@ -115,7 +116,8 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
             cap_memory(cfg.device, cfg.memory_gib[0])
     span = LayerSpan(0, split[0], True) if cfg.stages else None
     model = load_model(
-        f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies, cpu_int4=int4,
+        f, cfg.device, dtype, cfg.cache_dequantized, dense_copies=cfg.dense_copies,
+        cpu_weights=cpu_weights,
         span=span,
     )  # fmt: skip
     mc = model.cfg

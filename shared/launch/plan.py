@@ -44,7 +44,7 @@ class ServeConfig:
     step_target_ms: float | None = None  # workers cap prompt chunks beside decodes
     dense_copies: str | None = None  # None: the workers' default (auto)
     cuda_graphs: str | None = None  # None: the workers' default (all)
-    cpu_weights: str | None = None  # None: the workers' default (int4)
+    cpu_weights: str | None = None  # None: the workers' default (native)
     threads: int | None = None  # None: the workers' default (the cores they may run on)
     # the kvcache service's tiers (None: its defaults; 0 turns a tier off; both 0: no service)
     kv_ram_gb: float | None = None
@@ -176,9 +176,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cpu-weights",
         default=None,
-        choices=["int4", "float"],
-        help="a CPU worker's quantized weights: int4 (default: 4-bit planes for torch's int4 "
-        "GEMM where the type allows) or float (float32 copies)",
+        choices=["native", "int4", "float"],
+        help="a CPU worker's quantized weights: native (default: the GGUF blocks, multiplied "
+        "by a C library compiled at first use), int4 (4-bit planes for torch's int4 GEMM where "
+        "the type allows) or float (float32 copies)",
     )
     p.add_argument(
         "--threads",

@@ -53,6 +53,7 @@ from shared.kernels.qmatmul.packed_rows import interleave, wants_rows
 from shared.kernels.qmatmul.qkv_rope import QKVRope
 from shared.kernels.qmatmul.tuning import Tuner
 from shared.model.int4_linear import Int4Weight, int4_supported
+from shared.model.native_linear import NativeWeight, native_supported
 from shared.model.rows_exact import rows_exact
 from shared.quant import dequantize
 
@@ -85,7 +86,7 @@ class QuantLinear(nn.Module):
         cache_dequantized: bool = False,
         use_kernels: bool = False,
         tuner: Tuner | None = None,
-        int4: bool = False,
+        cpu_weights: str = "float",
     ) -> None:
         super().__init__()
         self.qtype = qtype
@@ -102,12 +103,18 @@ class QuantLinear(nn.Module):
         # kept beside the packed planes for batches of more than dense_rows rows
         self.dense_copy: torch.Tensor | None = None
         self.dense_rows = 0
-        # the CPU's 4-bit planes (int4_linear), for the types and shapes torch's kernel takes
+        # on the CPU (cpu_weights): the GGUF blocks multiplied by the compiled library
+        # (native_linear), or torch's 4-bit planes (int4_linear), for the types they take
+        self.native: NativeWeight | None = None
         self.int4: Int4Weight | None = None
-        if int4 and raw.device.type == "cpu" and int4_supported(qtype, shape):
+        cpu = raw.device.type == "cpu" and cpu_weights != "float"
+        if cpu and cpu_weights == "native" and native_supported(qtype, shape):
+            self.native = NativeWeight(raw, qtype, shape)
+            self.raw = self.native.rows
+        elif cpu and int4_supported(qtype, shape):
             self.int4 = Int4Weight(raw, qtype, shape)
             self.raw = None
-        elif int4 and raw.device.type == "cpu" and qtype not in FLOAT_TYPES:
+        elif cpu and qtype not in FLOAT_TYPES:
             # the other quantized types (16-element scales: Q2_K, Q3_K, Q6_K; ragged shapes):
             # a bf16 copy, half a float32 one's bytes (decode reads it whole every step)
             self.dense_copy = self._dequantize().to(torch.bfloat16)
@@ -213,6 +220,10 @@ class QuantLinear(nn.Module):
         """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made.
         out: x's rows of the result are stored there, in its dtype (the rows GEMV stores
         them itself, with no rounding to x's dtype between; else a copy), and out returned."""
+        if self.native is not None and out is None:  # the CPU's (first: a decode step's hot path)
+            y = self.native.matmul(x.reshape(-1, self.shape[1])).to(x.dtype)
+            y = y.reshape(*x.shape[:-1], self.shape[0])
+            return y if self.bias is None else y + self.bias
         pw = self.packed
         if out is not None and not (
             pw is not None and pw.rows32 and x.numel() == self.shape[1] and self.bias is None

@@ -233,14 +233,3 @@ class TritonOps(TorchOps):
                 self._attn_k.chunk_split_limit(q.shape[0]),
             )
         return {"num_splits": batch.attn_splits}
-
-
-def ops_for(device: torch.device | str, kind: str = "auto") -> TorchOps:
-    """'auto': Triton kernels on CUDA, torch references elsewhere."""
-    if kind == "auto":
-        kind = "triton" if torch.device(device).type == "cuda" else "torch"
-    if kind == "triton":
-        return TritonOps()
-    if kind == "torch":
-        return TorchOps()
-    raise ValueError(f"unknown ops backend '{kind}' (auto, torch or triton)")

@@ -24,14 +24,16 @@ class WeightLoader:
         compute_dtype: torch.dtype,
         cache_dequantized: bool,
         ops: TorchOps,
-        cpu_int4: bool = False,
+        cpu_weights: str = "float",
     ) -> None:
         self.f = f
         self.ops = ops  # the op implementations the model built from these weights calls
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
         self.cache_dequantized = cache_dequantized
-        self.cpu_int4 = cpu_int4  # quantized linears as int4 planes on the CPU (int4_linear)
+        # the CPU's quantized linears: "native" (GGUF blocks, native_linear), "int4"
+        # (torch's 4-bit planes, int4_linear) or "float" (dequantized copies)
+        self.cpu_weights = cpu_weights
         # tile choices of the packed matmuls, measured per device (tune_linears)
         self.tuner = Tuner(self.device) if self.use_kernels and self.device.type == "cuda" else None
 
@@ -74,7 +76,7 @@ class WeightLoader:
             self.cache_dequantized,
             self.use_kernels,
             self.tuner,
-            int4=self.cpu_int4,
+            cpu_weights=self.cpu_weights,
         )
 
     def split_linear(self, names: list[str], outs: list[int], in_features: int) -> SplitLinear:
@@ -85,7 +87,7 @@ class WeightLoader:
         for Q/K/V, one for gate/up). Otherwise one matmul each."""
         infos = [self.f.info(f"{name}.weight") for name in names]
         keys = [(i.qtype, self.has(f"{n}.bias")) for i, n in zip(infos, names, strict=True)]
-        if not (self.packs or self.cpu_int4):
+        if not (self.packs or self.cpu_weights != "float"):
             keys = list(range(len(names)))  # every projection its own run
         parts = []
         for _, group in itertools.groupby(range(len(names)), key=keys.__getitem__):
@@ -113,7 +115,7 @@ class WeightLoader:
             self.cache_dequantized,
             self.use_kernels,
             self.tuner,
-            int4=self.cpu_int4,
+            cpu_weights=self.cpu_weights,
         )
 
     def gated_linear(
@@ -170,7 +172,7 @@ class WeightLoader:
             self.cache_dequantized,
             self.use_kernels,
             self.tuner,
-            int4=self.cpu_int4,
+            cpu_weights=self.cpu_weights,
         )
         if self.packs and head.packed is not None:
             embedding.packed, embedding.raw = head.packed, None

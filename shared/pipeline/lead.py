@@ -106,7 +106,7 @@ class StageOptions:
     kv_blocks: int
     block_size: int = 16
     kv_dtype: str = "auto"
-    cpu_weights: str = "int4"
+    cpu_weights: str = "native"
     dense_copies: str = "auto"
     threads: int = 0
 

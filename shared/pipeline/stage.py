@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kv-dtype", default="auto")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, required=True)
-    p.add_argument("--cpu-weights", default="int4", choices=["int4", "float"])
+    p.add_argument("--cpu-weights", default="native", choices=["native", "int4", "float"])
     p.add_argument("--dense-copies", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--recv", required=True, help="endpoint this stage binds (PULL)")
@@ -56,10 +56,11 @@ class Stage:
         first, last = (int(v) for v in a.layers.split(":"))
         self.device = torch.device(a.device)
         self.dtype = getattr(torch, a.dtype)
-        int4 = a.cpu_weights == "int4" and self.device.type == "cpu"
+        cpu_weights = a.cpu_weights if self.device.type == "cpu" else "float"
         f = GGUFFile(a.model)
         self.model = load_model(
-            f, self.device, self.dtype, dense_copies=a.dense_copies, cpu_int4=int4,
+            f, self.device, self.dtype, dense_copies=a.dense_copies,
+            cpu_weights=cpu_weights,
             span=LayerSpan(first, last, False),
         )  # fmt: skip
         mc = self.model.cfg

@@ -28,7 +28,7 @@ class WorkerConfig:
     step_target_ms: float = 0.0  # steps with decodes: 0 auto (2x theirs), > 0 floor, < 0 off
     dense_copies: str = "auto"  # dense copies of packed weights for big batches (auto/on/off)
     cuda_graphs: str = "all"  # steps replayed from CUDA graphs: all, decode or off
-    cpu_weights: str = "int4"  # CPU: quantized linears as int4 planes, or float copies ("float")
+    cpu_weights: str = "native"  # CPU: quantized linears as GGUF blocks, int4 planes or floats
     threads: int = 0  # CPU threads of torch's ops (0: the cores this process may run on)
     kvcache: str = ""  # the kvcache service's ROUTER (RAM and disk tiers); "": VRAM alone
     spec: str = ""  # the spec service's ROUTER (draft proposals); "": no speculation
@@ -127,10 +127,12 @@ def parse_worker_args(
     )
     p.add_argument(
         "--cpu-weights",
-        default=env("SKIFF_CPU_WEIGHTS", "int4"),
-        choices=["int4", "float"],
-        help="on the CPU, the quantized weights: int4 (4-bit planes for torch's int4 GEMM, "
-        "Q4_0..Q8_0, Q4_K, Q5_K; other types float) or float (float32 copies of every weight) "
+        default=env("SKIFF_CPU_WEIGHTS", "native"),
+        choices=["native", "int4", "float"],
+        help="on the CPU, the quantized weights: native (the GGUF blocks, multiplied by a C "
+        "library compiled at first use: Q4_0..Q8_0, Q4_K, Q5_K, Q6_K; int4 where it cannot "
+        "build or for other types), int4 (4-bit planes for torch's int4 GEMM, Q4_0..Q8_0, "
+        "Q4_K, Q5_K; other types bf16) or float (float32 copies of every weight) "
         "(env SKIFF_CPU_WEIGHTS)",
     )
     p.add_argument(

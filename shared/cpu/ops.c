@@ -1,0 +1,327 @@
+/* The CPU's per-layer ops besides the matmuls, each one call from Python: RMSNorm (with the
+   residual add before it), the gated activations, RoPE with the KV write, and attention over the
+   paged cache a query row at a time. float32 activations; the cache float32 or float16.
+
+   Attention computes each query row on its own, over the keys it sees, the same way whatever
+   the number of rows in its sequence's step: a verified draft's rows give the logits plain
+   decoding gives, bit for bit (paged_attention_ref's promise). */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+static inline float half_to_float(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {
+            exp = 113;
+            while (!(man & 0x400)) {
+                man <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline uint16_t float_to_half(float f) {
+#ifdef __F16C__
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    /* round to nearest even, with subnormals, inf and NaN */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, e = (x >> 23) & 0xff, man = x & 0x7fffff;
+    if (e == 0xff) return (uint16_t)(sign | 0x7c00 | (man ? 0x200 : 0));
+    int exp = (int)e - 127 + 15;
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return (uint16_t)sign;
+        man |= 0x800000;
+        int shift = 14 - exp;
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (man >> 13), rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+#endif
+}
+
+static inline float dot(const float* a, const float* b, int n) {
+    int i = 0;
+    float s = 0.0f;
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc2);
+    }
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    acc = _mm256_add_ps(acc, acc2);
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    s = _mm_cvtss_f32(v);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* ---- norms and activations ---- */
+
+/* out = x * rsqrt(mean(x^2) + eps) * w, rows of d; with residual (not NULL): x + residual first,
+   the sum stored to sum_out */
+void skiff_add_rms_norm(const float* x, const float* residual, const float* w, float eps,
+                        int rows, int d, float* out, float* sum_out) {
+#pragma omp parallel for schedule(static) if (rows > 16)
+    for (int r = 0; r < rows; r++) {
+        const float* xr = x + (size_t)r * d;
+        float* o = out + (size_t)r * d;
+        const float* src = xr;
+        if (residual != NULL) {
+            float* s = sum_out + (size_t)r * d;
+            const float* res = residual + (size_t)r * d;
+            for (int i = 0; i < d; i++) s[i] = xr[i] + res[i];
+            src = s;
+        }
+        float ss = dot(src, src, d);
+        float scale = 1.0f / sqrtf(ss / (float)d + eps);
+        for (int i = 0; i < d; i++) o[i] = src[i] * scale * w[i];
+    }
+}
+
+/* out[r, i] = act(gate[r, i]) * up[r, i]; gelu: the tanh approximation, else SiLU. Row strides
+   in elements (gate and up may be halves of one [rows, 2n] product). */
+void skiff_gated_act(const float* gate, const float* up, long stride, int rows, int n, int gelu,
+                     float* out) {
+#pragma omp parallel for schedule(static) if ((long)rows * n > 65536)
+    for (int r = 0; r < rows; r++) {
+        const float* g = gate + (size_t)r * stride;
+        const float* u = up + (size_t)r * stride;
+        float* o = out + (size_t)r * n;
+        for (int i = 0; i < n; i++) {
+            float a = g[i];
+            if (gelu) {
+                float t = tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a));
+                o[i] = 0.5f * a * (1.0f + t) * u[i];
+            } else {
+                o[i] = a / (1.0f + expf(-a)) * u[i];
+            }
+        }
+    }
+}
+
+/* ---- RoPE and the KV write ---- */
+
+static void rotate(float* x, int rope_dim, int neox, const float* c, const float* s) {
+    int half = rope_dim / 2;
+    for (int i = 0; i < half; i++) {
+        int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+        float a = x[ia], b = x[ib];
+        x[ia] = a * c[i] - b * s[i];
+        x[ib] = a * s[i] + b * c[i];
+    }
+}
+
+/* q [t, hq, d] and k [t, hk, d] rotated in place at positions (inv_freq: rope_dim / 2 angles
+   per position unit, factors and base applied; scale divides the position); then k and v
+   [t, hk, d] written to the caches' rows slots[t] ([rows, hk, d], float32 or float16 by
+   half_cache). k, v may be NULL (nothing written). */
+void skiff_rope_kv(float* q, float* k, const float* v, const int64_t* positions, int t, int hq,
+                   int hk, int d, int rope_dim, const float* inv_freq, float scale, int neox,
+                   void* k_cache, void* v_cache, const int64_t* slots, int half_cache) {
+#pragma omp parallel for schedule(static) if (t > 8)
+    for (int i = 0; i < t; i++) {
+        float c[512], s[512];
+        float p = (float)positions[i] / scale;
+        for (int j = 0; j < rope_dim / 2; j++) {
+            float theta = p * inv_freq[j];
+            c[j] = cosf(theta);
+            s[j] = sinf(theta);
+        }
+        for (int h = 0; h < hq; h++) rotate(q + ((size_t)i * hq + h) * d, rope_dim, neox, c, s);
+        if (k == NULL) continue;
+        for (int h = 0; h < hk; h++) rotate(k + ((size_t)i * hk + h) * d, rope_dim, neox, c, s);
+        if (k_cache == NULL) continue;
+        size_t row = (size_t)slots[i] * hk * d, n = (size_t)hk * d;
+        const float* kr = k + (size_t)i * n;
+        const float* vr = v + (size_t)i * n;
+        if (half_cache) {
+            uint16_t* kc = (uint16_t*)k_cache + row;
+            uint16_t* vc = (uint16_t*)v_cache + row;
+            for (size_t j = 0; j < n; j++) {
+                kc[j] = float_to_half(kr[j]);
+                vc[j] = float_to_half(vr[j]);
+            }
+        } else {
+            memcpy((float*)k_cache + row, kr, n * sizeof(float));
+            memcpy((float*)v_cache + row, vr, n * sizeof(float));
+        }
+    }
+}
+
+/* ---- attention over the paged cache, a query row at a time ---- */
+
+static inline void load_row(const void* src, int half, int d, float* dst) {
+    if (!half) {
+        memcpy(dst, src, (size_t)d * sizeof(float));
+        return;
+    }
+    const uint16_t* h = src;
+    int i = 0;
+#ifdef __F16C__
+    for (; i + 8 <= d; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
+#endif
+    for (; i < d; i++) dst[i] = half_to_float(h[i]);
+}
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* one query head's output over keys start .. keys of a sequence: scores (4 keys at a time,
+   independent sums), softmax, then the values summed into D / 8 accumulators held in
+   registers where D is a constant (64, 128: inlined below) */
+INLINE void attend(const int D, const float* qh, const void* k_cache, const void* v_cache,
+                   int half, const int32_t* table, int block_size, size_t head_at,
+                   size_t key_step, int start, int keys, float scale, float* scores, float* buf,
+                   float* o) {
+    const int d = D;
+    int nk = keys - start;
+    float mx = -INFINITY;
+    for (int t = start; t < keys;) {
+        int blk = t / block_size, off = t % block_size;
+        int stop = (blk + 1) * block_size < keys ? (blk + 1) * block_size : keys;
+        size_t base = ((size_t)table[blk] * block_size + off) * key_step + head_at;
+        for (; t < stop; t++, base += key_step) {
+            const float* kr = (const float*)k_cache + base;
+            if (half) {
+                load_row((const uint16_t*)k_cache + base, 1, d, buf);
+                kr = buf;
+            }
+            float sc = dot(qh, kr, d) * scale;
+            scores[t - start] = sc;
+            mx = sc > mx ? sc : mx;
+        }
+    }
+    float sum = 0.0f;
+    for (int t = 0; t < nk; t++) {
+        scores[t] = expf(scores[t] - mx);
+        sum += scores[t];
+    }
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#ifdef __AVX2__
+    if (d % 8 == 0 && d <= 128) {
+        __m256 acc[16];
+        for (int c = 0; c < d / 8; c++) acc[c] = _mm256_setzero_ps();
+        for (int t = start; t < keys;) {
+            int blk = t / block_size, off = t % block_size;
+            int stop = (blk + 1) * block_size < keys ? (blk + 1) * block_size : keys;
+            size_t base = ((size_t)table[blk] * block_size + off) * key_step + head_at;
+            for (; t < stop; t++, base += key_step) {
+                __m256 p = _mm256_set1_ps(scores[t - start]);
+                if (half) {
+                    const uint16_t* vr = (const uint16_t*)v_cache + base;
+                    for (int c = 0; c < d / 8; c++)
+                        acc[c] = _mm256_fmadd_ps(
+                            p, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(vr + 8 * c))), acc[c]);
+                } else {
+                    const float* vr = (const float*)v_cache + base;
+                    for (int c = 0; c < d / 8; c++)
+                        acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8 * c), acc[c]);
+                }
+            }
+        }
+        __m256 iv = _mm256_set1_ps(inv);
+        for (int c = 0; c < d / 8; c++) _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], iv));
+        return;
+    }
+#endif
+    float* acc = buf + d;
+    memset(acc, 0, sizeof(float) * d);
+    for (int t = start; t < keys;) {
+        int blk = t / block_size, off = t % block_size;
+        int stop = (blk + 1) * block_size < keys ? (blk + 1) * block_size : keys;
+        size_t base = ((size_t)table[blk] * block_size + off) * key_step + head_at;
+        for (; t < stop; t++, base += key_step) {
+            const float* vf = (const float*)v_cache + base;
+            if (half) {
+                load_row((const uint16_t*)v_cache + base, 1, d, buf);
+                vf = buf;
+            }
+            float p = scores[t - start];
+            for (int e = 0; e < d; e++) acc[e] += p * vf[e];
+        }
+    }
+    for (int e = 0; e < d; e++) o[e] = acc[e] * inv;
+}
+
+/* out [T, hq, d] for the rows of the sequences whose step has at most max_rows queries (the
+   others are left for the caller); q [T, hq, d] rotated. Sequence b's queries are rows
+   qstart[b] .. qstart[b + 1], the last of its seq_lens[b] keys; block_tables [B, width]. */
+void skiff_attention(const float* q, const void* k_cache, const void* v_cache, int half_cache,
+                     const int32_t* block_tables, int width, const int32_t* qstart,
+                     const int32_t* seq_lens, int n_seqs, int hq, int hk, int d, int block_size,
+                     float scale, int window, int max_rows, float* out) {
+    int group = hq / hk;
+    /* tasks: (sequence row, query head), over the rows of short steps */
+    int total = 0;
+    for (int b = 0; b < n_seqs; b++) {
+        int nq = qstart[b + 1] - qstart[b];
+        if (nq <= max_rows) total += nq;
+    }
+    int* rows = malloc(sizeof(int) * (total > 0 ? total : 1));
+    int* seqs = malloc(sizeof(int) * (total > 0 ? total : 1));
+    int n = 0;
+    for (int b = 0; b < n_seqs; b++) {
+        int nq = qstart[b + 1] - qstart[b];
+        if (nq > max_rows) continue;
+        for (int j = 0; j < nq; j++) {
+            rows[n] = qstart[b] + j;
+            seqs[n++] = b;
+        }
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long task = 0; task < (long)total * hq; task++) {
+        int i = (int)(task / hq), h = (int)(task % hq), b = seqs[i], row = rows[i];
+        int nq = qstart[b + 1] - qstart[b], j = row - qstart[b];
+        int keys = seq_lens[b] - nq + 1 + j, start = window && keys > window ? keys - window : 0;
+        const int32_t* table = block_tables + (size_t)b * width;
+        const float* qh = q + ((size_t)row * hq + h) * d;
+        int nk = keys - start > 0 ? keys - start : 1;
+        float* scores = malloc(sizeof(float) * ((size_t)nk + 2 * (size_t)d));
+        float* o = out + ((size_t)row * hq + h) * d;
+        size_t head_at = (size_t)(h / group) * d, key_step = (size_t)hk * d;
+        float* buf = scores + nk;
+        if (d == 64)
+            attend(64, qh, k_cache, v_cache, half_cache, table, block_size, head_at, key_step,
+                   start, keys, scale, scores, buf, o);
+        else if (d == 128)
+            attend(128, qh, k_cache, v_cache, half_cache, table, block_size, head_at, key_step,
+                   start, keys, scale, scores, buf, o);
+        else
+            attend(d, qh, k_cache, v_cache, half_cache, table, block_size, head_at, key_step,
+                   start, keys, scale, scores, buf, o);
+        free(scores);
+    }
+    free(rows);
+    free(seqs);
+}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from shared.cpu.native import load
 from shared.kv import KVPool
 from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.ops.paged_attention_fp8 import FP8
@@ -68,7 +69,10 @@ def test_fp8_kv_holds_twice_the_tokens() -> None:
 
 
 def test_kv_dtype_choice() -> None:
-    assert resolve_kv_dtype("auto", torch.bfloat16, "cpu") is torch.bfloat16
+    # the CPU's 'auto' is float16 where its compiled attention runs (half float32's bytes)
+    want = torch.float16 if load() is not None else torch.bfloat16
+    assert resolve_kv_dtype("auto", torch.bfloat16, "cpu") is want
+    assert resolve_kv_dtype("auto", torch.bfloat16, "meta") is torch.bfloat16
     assert resolve_kv_dtype("fp8", torch.float32, "cpu") is torch.float8_e4m3fn
     with pytest.raises(ValueError):
         resolve_kv_dtype("int4", torch.float32, "cpu")

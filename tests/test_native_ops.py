@@ -272,6 +272,6 @@ def test_half_conversions(lib: str, portable_lib: ctypes.CDLL) -> None:
     out = torch.empty(t, 1, d)
     c.skiff_attention(
         q.data_ptr(), kc.data_ptr(), vc.data_ptr(), 1, tables.data_ptr(), 1,
-        starts.data_ptr(), lens.data_ptr(), t, 1, 1, d, 1, 1.0, 0, 17, out.data_ptr(),
+        starts.data_ptr(), lens.data_ptr(), t, 1, 1, d, 1, 1.0, 0, out.data_ptr(),
     )  # fmt: skip
     assert torch.equal(out.view(t, d)[finite], vc.float().view(t, d)[finite])

@@ -61,14 +61,22 @@ def _answers(c: Cluster, prompts: list[str]) -> list[str]:
 
 
 def _spec_metric(c: Cluster, event: str) -> float:
-    time.sleep(0.6)  # a heartbeat carries the counts
-    with urllib.request.urlopen(f"{c.url}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith("skiff_spec_tokens{") and f'event="{event}"' in line
-    )
+    """The count once heartbeats carry it: the same in two reads a heartbeat apart (the last
+    one may not have come when the answers did)."""
+    last = None
+    for _ in range(10):
+        time.sleep(0.6)
+        with urllib.request.urlopen(f"{c.url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        now = sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("skiff_spec_tokens{") and f'event="{event}"' in line
+        )
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 def _serve(model: Path, spec: Spec | None) -> Cluster:

@@ -86,7 +86,7 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.skiff_gated_act.argtypes = [_P, _P, _L, _I, _I, _I, _P]
     lib.skiff_rope_kv.argtypes = [_P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _F, _I, _P, _P, _P, _I]
     lib.skiff_attention.argtypes = [
-        _P, _P, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _I, _I, _P,
+        _P, _P, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _I, _P,
     ]  # fmt: skip
     for name in ("skiff_add_rms_norm", "skiff_gated_act", "skiff_rope_kv", "skiff_attention"):
         getattr(lib, name).restype = None

@@ -4,12 +4,20 @@
 
    Attention computes each query row on its own, over the keys it sees, the same way whatever
    the number of rows in its sequence's step: a verified draft's rows give the logits plain
-   decoding gives, bit for bit (paged_attention_ref's promise). */
+   decoding gives, bit for bit (paged_attention_ref's promise). Over a float16 cache q and the
+   probabilities are rounded to float16 as the reference rounds them (which computes prompt
+   chunks of more rows): a prompt's tokens then see nearly the same values whichever path ran
+   them (a prefix-cache hit, a restored context, another chunking). */
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static int omp_get_max_threads(void) { return 1; }
+#endif
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -195,6 +203,8 @@ static inline void load_row(const void* src, int half, int d, float* dst) {
     for (; i < d; i++) dst[i] = half_to_float(h[i]);
 }
 
+#define ATT_ROWS 8 /* query rows of one sequence a task attends together */
+
 #define INLINE static inline __attribute__((always_inline))
 
 /* one query head's output over keys start .. keys of a sequence: scores (4 keys at a time,
@@ -228,6 +238,10 @@ INLINE void attend(const int D, const float* qh, const void* k_cache, const void
         sum += scores[t];
     }
     float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    if (half) { /* the probabilities rounded to float16, as the reference does */
+        for (int t = 0; t < nk; t++) scores[t] = half_to_float(float_to_half(scores[t] / sum));
+        inv = 1.0f;
+    }
 #ifdef __AVX2__
     if (d % 8 == 0 && d <= 128) {
         __m256 acc[16];
@@ -274,54 +288,69 @@ INLINE void attend(const int D, const float* qh, const void* k_cache, const void
     for (int e = 0; e < d; e++) o[e] = acc[e] * inv;
 }
 
-/* out [T, hq, d] for the rows of the sequences whose step has at most max_rows queries (the
-   others are left for the caller); q [T, hq, d] rotated. Sequence b's queries are rows
-   qstart[b] .. qstart[b + 1], the last of its seq_lens[b] keys; block_tables [B, width]. */
+/* out rows j0 .. j1 of sequence b's step (its rows start at `row0` of q and out; nq of them,
+   the last nq of its n_keys keys) for query heads h0 .. h1, all of KV head g: one (row, head)
+   after another, each by attend() alone (so the result does not depend on the rows and heads
+   beside it), the later ones finding the keys and values in cache. */
+static void attend_block(const float* q, const void* k_cache, const void* v_cache, int half,
+                         const int32_t* table, int block_size, int hq, int hk, int d, int g,
+                         int h0, int h1, int nq, int n_keys, int row0, int j0, int j1,
+                         float scale, int window, float* out) {
+    float* buf = malloc(sizeof(float) * ((size_t)n_keys + 3 * (size_t)d + 1));
+    float *work = buf + n_keys + 1, *qr = work + 2 * d;
+    size_t head_at = (size_t)g * d, key_step = (size_t)hk * d;
+    for (int j = j0; j < j1; j++) {
+        int keys = n_keys - nq + 1 + j, start = window && keys > window ? keys - window : 0;
+        for (int h = h0; h < h1; h++) {
+            const float* qh = q + ((size_t)(row0 + j) * hq + h) * d;
+            if (half) { /* q rounded to float16, as the reference does */
+                for (int e = 0; e < d; e++) qr[e] = half_to_float(float_to_half(qh[e]));
+                qh = qr;
+            }
+            float* o = out + ((size_t)(row0 + j) * hq + h) * d;
+            if (d == 64)
+                attend(64, qh, k_cache, v_cache, half, table, block_size, head_at, key_step,
+                       start, keys, scale, buf, work, o);
+            else if (d == 128)
+                attend(128, qh, k_cache, v_cache, half, table, block_size, head_at, key_step,
+                       start, keys, scale, buf, work, o);
+            else
+                attend(d, qh, k_cache, v_cache, half, table, block_size, head_at, key_step,
+                       start, keys, scale, buf, work, o);
+        }
+    }
+    free(buf);
+}
+
+/* out [T, hq, d]: every row of the step; q [T, hq, d] rotated. Sequence b's queries are rows
+   qstart[b] .. qstart[b + 1], the last of its seq_lens[b] keys; block_tables [B, width].
+   Tasks: a sequence's blocks of ATT_ROWS rows by KV head, by query head too where that alone
+   would leave threads idle (a decode step of few sequences). */
 void skiff_attention(const float* q, const void* k_cache, const void* v_cache, int half_cache,
                      const int32_t* block_tables, int width, const int32_t* qstart,
                      const int32_t* seq_lens, int n_seqs, int hq, int hk, int d, int block_size,
-                     float scale, int window, int max_rows, float* out) {
-    int group = hq / hk;
-    /* tasks: (sequence row, query head), over the rows of short steps */
-    int total = 0;
-    for (int b = 0; b < n_seqs; b++) {
-        int nq = qstart[b + 1] - qstart[b];
-        if (nq <= max_rows) total += nq;
-    }
-    int* rows = malloc(sizeof(int) * (total > 0 ? total : 1));
-    int* seqs = malloc(sizeof(int) * (total > 0 ? total : 1));
-    int n = 0;
-    for (int b = 0; b < n_seqs; b++) {
-        int nq = qstart[b + 1] - qstart[b];
-        if (nq > max_rows) continue;
-        for (int j = 0; j < nq; j++) {
-            rows[n] = qstart[b] + j;
-            seqs[n++] = b;
+                     float scale, int window, float* out) {
+    int group = hq / hk, blocks = 0;
+    for (int b = 0; b < n_seqs; b++) blocks += (qstart[b + 1] - qstart[b] + ATT_ROWS - 1) / ATT_ROWS;
+    int split = (long)blocks * hk < 2L * omp_get_max_threads() ? group : 1; /* head parts */
+    int* seq_of = malloc(sizeof(int) * (blocks > 0 ? blocks : 1));
+    int* block_of = malloc(sizeof(int) * (blocks > 0 ? blocks : 1));
+    for (int b = 0, k = 0; b < n_seqs; b++)
+        for (int j = 0; j < qstart[b + 1] - qstart[b]; j += ATT_ROWS, k++) {
+            seq_of[k] = b;
+            block_of[k] = j;
         }
-    }
+    long tasks = (long)blocks * hk * split;
 #pragma omp parallel for schedule(dynamic, 1)
-    for (long task = 0; task < (long)total * hq; task++) {
-        int i = (int)(task / hq), h = (int)(task % hq), b = seqs[i], row = rows[i];
-        int nq = qstart[b + 1] - qstart[b], j = row - qstart[b];
-        int keys = seq_lens[b] - nq + 1 + j, start = window && keys > window ? keys - window : 0;
-        const int32_t* table = block_tables + (size_t)b * width;
-        const float* qh = q + ((size_t)row * hq + h) * d;
-        int nk = keys - start > 0 ? keys - start : 1;
-        float* scores = malloc(sizeof(float) * ((size_t)nk + 2 * (size_t)d));
-        float* o = out + ((size_t)row * hq + h) * d;
-        size_t head_at = (size_t)(h / group) * d, key_step = (size_t)hk * d;
-        float* buf = scores + nk;
-        if (d == 64)
-            attend(64, qh, k_cache, v_cache, half_cache, table, block_size, head_at, key_step,
-                   start, keys, scale, scores, buf, o);
-        else if (d == 128)
-            attend(128, qh, k_cache, v_cache, half_cache, table, block_size, head_at, key_step,
-                   start, keys, scale, scores, buf, o);
-        else
-            attend(d, qh, k_cache, v_cache, half_cache, table, block_size, head_at, key_step,
-                   start, keys, scale, scores, buf, o);
-        free(scores);
+    for (long task = 0; task < tasks; task++) {
+        int k = (int)(task / ((long)hk * split)), rest = (int)(task % ((long)hk * split));
+        int g = rest / split, part = rest % split, b = seq_of[k], j0 = block_of[k];
+        int nq = qstart[b + 1] - qstart[b], j1 = j0 + ATT_ROWS < nq ? j0 + ATT_ROWS : nq;
+        int per = group / split, h0 = g * group + part * per;
+        attend_block(q, k_cache, v_cache, half_cache, block_tables + (size_t)b * width,
+                     block_size, hq, hk, d, g, h0, h0 + per, nq, seq_lens[b], qstart[b], j0, j1,
+                     scale, window, out);
     }
-    free(rows);
-    free(seqs);
+    free(seq_of);
+    free(block_of);
 }

@@ -4,9 +4,11 @@ references take several ops and allocations each (a decode step of SmolLM2 spent
 those than in its matmuls). float32 activations and a float32 or float16 cache; anything else
 (an FP8 cache, another dtype) takes the torch reference it inherits.
 
-Attention: the rows of steps of at most ROW_WISE_QUERIES queries (decode, verified drafts) a
-query at a time in C, each the same computation whatever its step's rows, as the reference
-promises; longer chunks (prompts) through the reference's fused attention."""
+Attention: every query row a row at a time in C, the same computation whatever the rows of its
+step: a verified draft's rows give plain decoding's logits bit for bit, and a prompt's rows
+give the same values however the prompt was chunked, cached or restored (a prefix-cache hit
+then answers exactly as the first request did). Prompt chunks over long contexts pay for it:
+no GEMM over the keys, as torch's fused attention has."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from shared.cpu.native import load
 from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.ops_backend import TorchOps
-from shared.ops.paged_attention import ROW_WISE_QUERIES, paged_attention_ref
 
 __all__ = ["NativeOps"]
 
@@ -130,17 +131,8 @@ class NativeOps(TorchOps):
             q.data_ptr(), kc.data_ptr(), vc.data_ptr(), half, tables.data_ptr(), tables.shape[1],
             batch.query_start_loc_t.contiguous().data_ptr(),
             batch.seq_lens_t.contiguous().data_ptr(),
-            len(batch.seq_lens), hq, hk, d, kc.shape[1], scale, sliding_window,
-            ROW_WISE_QUERIES, out.data_ptr(),
+            len(batch.seq_lens), hq, hk, d, kc.shape[1], scale, sliding_window, out.data_ptr(),
         )  # fmt: skip
-        if any(
-            b - a > ROW_WISE_QUERIES
-            for a, b in zip(batch.query_start_loc, batch.query_start_loc[1:], strict=False)
-        ):
-            paged_attention_ref(
-                q, kc, vc, batch.block_tables, batch.query_start_loc, batch.seq_lens, scale,
-                sliding_window, out=out, min_queries=ROW_WISE_QUERIES,
-            )  # fmt: skip
         return out, {}
 
     def _angles(self, dim: int, base: float, factors: torch.Tensor | None) -> torch.Tensor:

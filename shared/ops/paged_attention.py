@@ -31,23 +31,19 @@ def paged_attention_ref(
     seq_lens: list[int],  # B: keys per sequence, this step's included
     scale: float,
     sliding_window: int = 0,
-    out: torch.Tensor | None = None,
-    min_queries: int = 0,
 ) -> torch.Tensor:
     """Chunks of up to ROW_WISE_QUERIES queries are computed a query at a time, each exactly as
     a decode step computes it (one query over its keys, the same values at the same strides):
     a speculative step's draft rows then give the very logits plain decoding gives (greedy
     output unchanged, bit for bit); a longer chunk (a prompt) in one matmul a KV head. A
-    sequence's keys are gathered once, whatever the number of its queries. out (new where
-    None): only the rows of sequences with more than min_queries queries are computed into
-    it, the others left as they are (a caller's own)."""
-    out = torch.empty_like(q) if out is None else out
+    sequence's keys are gathered once, whatever the number of its queries."""
+    out = torch.empty_like(q)
     w = sliding_window
     dtypes = (k_cache.dtype, v_cache.dtype)
     for b, n_keys in enumerate(seq_lens):
         q0, q1 = query_start_loc[b], query_start_loc[b + 1]
         n_query = q1 - q0
-        if n_query == 0 or n_query <= min_queries:
+        if n_query == 0:
             continue
         # keys before the first query's window are no query's: their blocks are not read
         first = max(0, n_keys - n_query - w + 1) if w else 0

@@ -221,30 +221,52 @@ static inline __m256i bits32(uint32_t qh) { /* bit l of qh -> 0x10 in byte l */
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* the group's codes as a vector and its scales (per half) and offsets */
-INLINE __m256i codes_avx2(int type, const uint8_t* row, int g, float sc[2], float of[2]) {
-    int per = block_elems(type) / QK, b = g / per, j = g % per;
-    const uint8_t* blk = row + (size_t)b * block_bytes(type);
+/* a block's scales and offsets, per 16 elements (sc[2j], sc[2j + 1]: group j's halves), formed
+   as unpack_group forms them: once a block, not once a group (a K-quant's eight groups share
+   its d, dmin and packed 6-bit scales) */
+INLINE void block_scales(const int type, const uint8_t* blk, float sc[16], float of[16]) {
     switch (type) {
-        case 2: case 3: case 6: case 7: {
+        case 2: case 3: case 6: case 7: case 8: {
             float d = fp16(blk);
+            float o = type == 2 ? -8.0f * d : type == 6 ? -16.0f * d
+                    : type == 8 ? 0.0f : fp16(blk + 2);
             sc[0] = sc[1] = d;
-            if (type == 2) { of[0] = of[1] = -8.0f * d; return nibbles16(blk + 2); }
-            if (type == 3) { of[0] = of[1] = fp16(blk + 2); return nibbles16(blk + 4); }
+            of[0] = of[1] = o;
+            return;
+        }
+        case 12: case 13: {
+            float d = fp16(blk), dmin = fp16(blk + 2);
+            for (int j = 0; j < 8; j++) {
+                uint8_t s, mn;
+                k4_scale_min(blk + 4, j, &s, &mn);
+                sc[2 * j] = sc[2 * j + 1] = d * (float)s;
+                of[2 * j] = of[2 * j + 1] = -(dmin * (float)mn);
+            }
+            return;
+        }
+        default: { /* 14: Q6_K */
+            const int8_t* s8 = (const int8_t*)(blk + 192);
+            float dd = fp16(blk + 208);
+            for (int h = 0; h < 16; h++) {
+                sc[h] = dd * (float)s8[h];
+                of[h] = -32.0f * sc[h];
+            }
+        }
+    }
+}
+
+/* group j of a block: its 32 codes as a vector (unsigned; Q8_0's signed) */
+INLINE __m256i block_codes(const int type, const uint8_t* blk, int j) {
+    switch (type) {
+        case 2: return nibbles16(blk + 2);
+        case 3: return nibbles16(blk + 4);
+        case 6: case 7: {
             uint32_t qh;
             memcpy(&qh, blk + (type == 6 ? 2 : 4), 4);
-            of[0] = of[1] = type == 6 ? -16.0f * d : fp16(blk + 2);
             return _mm256_or_si256(nibbles16(blk + (type == 6 ? 6 : 8)), bits32(qh));
         }
-        case 8:
-            sc[0] = sc[1] = fp16(blk);
-            of[0] = of[1] = 0.0f;
-            return _mm256_loadu_si256((const __m256i*)(blk + 2));
+        case 8: return _mm256_loadu_si256((const __m256i*)(blk + 2));
         case 12: case 13: {
-            uint8_t s, mn;
-            k4_scale_min(blk + 4, j, &s, &mn);
-            sc[0] = sc[1] = fp16(blk) * (float)s;
-            of[0] = of[1] = -(fp16(blk + 2) * (float)mn);
             __m256i q = _mm256_loadu_si256((const __m256i*)(blk + (type == 12 ? 16 : 48) + 32 * (j / 2)));
             q = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (j % 2)), _mm256_set1_epi8(0xf));
             if (type == 13) {
@@ -256,12 +278,6 @@ INLINE __m256i codes_avx2(int type, const uint8_t* row, int g, float sc[2], floa
         }
         default: { /* 14: Q6_K */
             int k = j % 4;
-            const int8_t* s8 = (const int8_t*)(blk + 192) + 8 * (j / 4);
-            float dd = fp16(blk + 208);
-            for (int h = 0; h < 2; h++) {
-                sc[h] = dd * (float)s8[2 * k + h];
-                of[h] = -32.0f * sc[h];
-            }
             __m256i lo = _mm256_loadu_si256((const __m256i*)(blk + 64 * (j / 4) + 32 * (k % 2)));
             lo = _mm256_and_si256(_mm256_srli_epi16(lo, 4 * (k / 2)), _mm256_set1_epi8(0xf));
             __m256i hi = _mm256_loadu_si256((const __m256i*)(blk + 128 + 32 * (j / 4)));
@@ -288,22 +304,31 @@ INLINE void row_dot_t(const int type, const int mc, const uint8_t* row, const ac
         xd[i] = a->d + (size_t)(m0 + i) * groups;
         xs[i] = a->s + (size_t)(m0 + i) * groups * 2;
     }
-    for (int g = 0; g < groups; g++) {
-        float sc[2], of[2];
-        __m256i w = codes_avx2(type, row, g, sc, of);
-        __m256i wabs = type == 8 ? _mm256_sign_epi8(w, w) : w;
-        __m256 scale = type == 14 ? _mm256_set_m128(_mm_set1_ps(sc[1]), _mm_set1_ps(sc[0]))
-                                  : _mm256_set1_ps(sc[0]);
-        for (int i = 0; i < mc; i++) {
-            __m256i x = _mm256_loadu_si256((const __m256i*)(xq[i] + g * QK));
-            if (type == 8) x = _mm256_sign_epi8(x, w);
-            __m256 p = _mm256_cvtepi32_ps(dot_u8s8(wabs, x));
-            float d = xd[i][g];
-            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(d)), p, acc[i]);
-            if (type == 14)
-                off[i] += d * (of[0] * (float)xs[i][2 * g] + of[1] * (float)xs[i][2 * g + 1]);
-            else if (type != 8)
-                off[i] += d * of[0] * (float)(xs[i][2 * g] + xs[i][2 * g + 1]);
+    const int per = block_elems(type) / QK, bytes = block_bytes(type);
+    for (int b = 0; b < groups / per; b++) {
+        const uint8_t* blk = row + (size_t)b * bytes;
+        float bsc[16], bof[16];
+        block_scales(type, blk, bsc, bof);
+#pragma GCC unroll 8
+        for (int j = 0; j < per; j++) { /* unrolled: each group's shifts are constants */
+            const int g = b * per + j;
+            const float* sc = bsc + 2 * j;
+            const float* of = bof + 2 * j;
+            __m256i w = block_codes(type, blk, j);
+            __m256i wabs = type == 8 ? _mm256_sign_epi8(w, w) : w;
+            __m256 scale = type == 14 ? _mm256_set_m128(_mm_set1_ps(sc[1]), _mm_set1_ps(sc[0]))
+                                      : _mm256_set1_ps(sc[0]);
+            for (int i = 0; i < mc; i++) {
+                __m256i x = _mm256_loadu_si256((const __m256i*)(xq[i] + g * QK));
+                if (type == 8) x = _mm256_sign_epi8(x, w);
+                __m256 p = _mm256_cvtepi32_ps(dot_u8s8(wabs, x));
+                float d = xd[i][g];
+                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(d)), p, acc[i]);
+                if (type == 14)
+                    off[i] += d * (of[0] * (float)xs[i][2 * g] + of[1] * (float)xs[i][2 * g + 1]);
+                else if (type != 8)
+                    off[i] += d * of[0] * (float)(xs[i][2 * g] + xs[i][2 * g + 1]);
+            }
         }
     }
     for (int i = 0; i < mc; i++) {

@@ -1,6 +1,7 @@
 """The CPU library's quantized matmuls (shared/model/native_linear.py over shared/cpu/qdot.c)
 against the float64 product of the values they multiply: the activations as rounded
-(RoundedActs.dequantize) by the weight as dequantized (bit-exact with gguf). Every type, the
+(RoundedActs.dequantize, per 32, or per 256 for the K-quants) by the weight as dequantized
+(bit-exact with gguf). Every type, the
 SIMD and portable C paths, row counts around the 4-row activation tiles and weight rows around
 the 16-row blocks; the rounding itself; QuantLinear's choice of it; and the library built
 without -march=native (no AVX2, no F16C: the C fallbacks other CPUs run)."""
@@ -43,9 +44,10 @@ def random_raw(qtype: T, n: int, k: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(raw.reshape(n, -1))
 
 
-def assert_rounded_product(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
-    """y [M, N] is RoundedActs(x) @ w.T: each value within TOL of its products' magnitudes."""
-    xr = RoundedActs(x).dequantize().double()
+def assert_rounded_product(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, block: int) -> None:
+    """y [M, N] is RoundedActs(x, block) @ w.T: each value within TOL of its products'
+    magnitudes."""
+    xr = RoundedActs(x, block).dequantize().double()
     want, size = xr @ w.double().T, xr.abs() @ w.double().abs().T
     assert y.dtype == torch.float32 and y.shape == want.shape
     err = float(((y.double() - want).abs() / size.clamp_min(1e-300)).max())
@@ -64,30 +66,44 @@ def test_matmul_is_the_rounded_product(qtype: T, shape: tuple[int, int]) -> None
         groups = torch.randn(m, k // 32, 32, generator=g) * torch.rand(m, k // 32, 1, generator=g)
         x = groups.view(m, k)  # groups of different scales
         simd, plain = weight.matmul(x, simd=True), weight.matmul(x, simd=False)
-        assert_rounded_product(simd, x, w)
-        assert_rounded_product(plain, x, w)
+        assert_rounded_product(simd, x, w, weight.act_block)
+        assert_rounded_product(plain, x, w, weight.act_block)
         torch.testing.assert_close(simd, plain, rtol=1e-5, atol=1e-5 * float(plain.abs().max()))
         # one rounding for several projections: the same bits as rounding here
-        assert torch.equal(weight.matmul(RoundedActs(x)), simd)
-        assert torch.equal(weight.matmul(RoundedActs(x), simd=False), plain)
+        acts = RoundedActs(x, weight.act_block)
+        assert torch.equal(weight.matmul(acts), simd)
+        assert torch.equal(weight.matmul(acts, simd=False), plain)
 
 
-def test_rounding_is_per_32_to_int8() -> None:
+@pytest.mark.parametrize("block", [32, 256])
+def test_rounding_is_per_block_to_int8(block: int) -> None:
+    """Per 32 for the legacy types, per 256 for the K-quants (llama.cpp's q8_K)."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 256, generator=g) * 10.0 ** torch.randint(-6, 4, (3, 256), generator=g)
+    k, nb = 512, 512 // block
+    x = torch.randn(3, k, generator=g) * 10.0 ** torch.randint(-6, 4, (3, k), generator=g)
     x[1] = 0.0  # a zero row
-    x[2, 64:96] = 0.0  # a zero group
-    x[0, 0:32] = torch.linspace(-2.0, 2.0, 32)  # its largest code: exactly ±127
-    acts = RoundedActs(x)
-    codes = acts.q.view(3, 8, 32).int()
-    scale = x.view(3, 8, 32).abs().amax(-1) / 127
+    x[2, block : 2 * block] = 0.0  # a zero block
+    x[0, 0:block] = torch.linspace(-2.0, 2.0, block)  # its largest code: exactly ±127
+    acts = RoundedActs(x, block)
+    codes = acts.q.view(3, nb, block).int()
+    scale = x.view(3, nb, block).abs().amax(-1) / 127
     assert acts.q.dtype == torch.int8 and int(codes.abs().max()) == 127
     assert torch.equal(acts.d, scale)
-    assert torch.equal(acts.s, codes.view(3, 8, 2, 16).sum(-1))  # sums per 16 for the offsets
-    step = acts.d[..., None].expand(3, 8, 32).reshape(3, 256)
+    assert torch.equal(acts.s, acts.q.view(3, k // 16, 16).int().sum(-1))  # sums per 16
+    step = acts.d[..., None].expand(3, nb, block).reshape(3, k)
     assert bool(((acts.dequantize() - x).abs() <= step * (0.5 + 1e-4)).all())  # half a step
-    assert torch.equal(acts.dequantize()[1], torch.zeros(256))
-    assert bool((codes[2, 2] == 0).all()) and float(acts.d[2, 2]) == 0.0
+    assert torch.equal(acts.dequantize()[1], torch.zeros(k))
+    assert bool((codes[2, 1] == 0).all()) and float(acts.d[2, 1]) == 0.0
+
+
+def test_a_k_quant_takes_activations_rounded_per_256() -> None:
+    weight = NativeWeight(random_raw(T.Q4_K, 16, 256, seed=2), T.Q4_K, (16, 256))
+    legacy = NativeWeight(random_raw(T.Q4_0, 16, 256, seed=3), T.Q4_0, (16, 256))
+    assert weight.act_block == 256 and legacy.act_block == 32
+    x = torch.randn(2, 256)
+    with pytest.raises(ValueError, match="rounded per 32"):
+        weight.matmul(RoundedActs(x))
+    assert torch.equal(weight.matmul(RoundedActs(x, 256)), weight.matmul(x))
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
@@ -146,4 +162,5 @@ def test_the_portable_build_multiplies_every_type(portable_lib: ctypes.CDLL) -> 
         portable_lib.skiff_matmul(
             int(qtype), raw.data_ptr(), row_bytes, n, k, x.data_ptr(), m, y.data_ptr(), n, 1
         )
-        assert_rounded_product(y, x, dequantize(raw, qtype, (n, k)))
+        block = portable_lib.skiff_act_block(int(qtype))
+        assert_rounded_product(y, x, dequantize(raw, qtype, (n, k)), block)

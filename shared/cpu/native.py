@@ -75,7 +75,7 @@ def _build(cc: str) -> Path:
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    lib.skiff_quantize_rows.argtypes = [_P, _I, _I, _P, _P, _P]
+    lib.skiff_quantize_rows.argtypes = [_P, _I, _I, _I, _P, _P, _P]
     lib.skiff_quantize_rows.restype = None
     lib.skiff_qmatmul.argtypes = [_I, _P, _L, _I, _I, _P, _P, _P, _I, _P, _L, _I]
     lib.skiff_qmatmul.restype = None
@@ -92,6 +92,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, name).restype = None
     lib.skiff_supported.argtypes = [_I]
     lib.skiff_supported.restype = _I
+    lib.skiff_act_block.argtypes = [_I]
+    lib.skiff_act_block.restype = _I
     lib.skiff_simd.argtypes = []
     lib.skiff_simd.restype = _I
     return lib

@@ -12,6 +12,10 @@
    compiler targets it, else plain C that the compiler vectorizes as it can; the threads are
    OpenMP's (torch's own runtime, which the process has loaded first: same soname).
 
+   The K-quants' activations are rounded per 256 instead (llama.cpp's q8_K): a super-block's
+   eight groups then sum in integers with their 6-bit (Q6_K: 8-bit) scales, and only the block
+   meets floats (row_dot_kt).
+
    Types: Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, Q4_K 12, Q5_K 13, Q6_K 14 (ggml's ids). */
 
 #include <math.h>
@@ -152,36 +156,99 @@ static void unpack_group(int type, const uint8_t* row, int g, group_t* o) {
 
 /* ---- activations: int8 codes per 32, a float scale a group, the codes' sums per 16 ---- */
 
-void skiff_quantize_rows(const float* x, int m, int k, int8_t* xq, float* xd, int32_t* xs) {
+/* x [M, K] rounded to int8 per `block` elements (32, or 256 for the K-quants' weights, as
+   llama.cpp's q8_K), one float scale a block (xd [M, K / block]) and the codes' sums per 16
+   (xs [M, K / 16]) */
+void skiff_quantize_rows(const float* x, int m, int k, int block, int8_t* xq, float* xd,
+                         int32_t* xs) {
     for (int r = 0; r < m; r++) {
-        for (int g = 0; g < k / QK; g++) {
-            const float* v = x + (size_t)r * k + g * QK;
-            int8_t* q = xq + (size_t)r * k + g * QK;
+        for (int g = 0; g < k / block; g++) {
+            const float* v = x + (size_t)r * k + g * block;
+            int8_t* q = xq + (size_t)r * k + g * block;
+            int32_t* sums = xs + (size_t)r * (k / 16) + g * (block / 16);
             float amax = 0.0f;
-            for (int l = 0; l < QK; l++) amax = fmaxf(amax, fabsf(v[l]));
+            for (int l = 0; l < block; l++) amax = fmaxf(amax, fabsf(v[l]));
             float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-            int s0 = 0, s1 = 0;
-            for (int l = 0; l < QK; l++) {
+            for (int h = 0; h < block / 16; h++) sums[h] = 0;
+            for (int l = 0; l < block; l++) {
                 int c = (int)nearbyintf(v[l] * id);
                 q[l] = (int8_t)c;
-                if (l < 16) s0 += c; else s1 += c;
+                sums[l / 16] += c;
             }
-            xd[(size_t)r * (k / QK) + g] = d;
-            xs[((size_t)r * (k / QK) + g) * 2] = s0;
-            xs[((size_t)r * (k / QK) + g) * 2 + 1] = s1;
+            xd[(size_t)r * (k / block) + g] = d;
         }
     }
 }
 
+static int act_block(int type) { return type >= 12 ? 256 : QK; }
+
 typedef struct {
     const int8_t* q;   /* [M, K] */
-    const float* d;    /* [M, K / 32] */
-    const int32_t* s;  /* [M, K / 32, 2] */
+    const float* d;    /* [M, K / block]: 32, or 256 for the K-quants (act_block) */
+    const int32_t* s;  /* [M, K / 16] */
     int k;
 } acts_t;
 
+/* a K-quant super-block's integer scales: Q4_K / Q5_K's 6-bit scale and min per 32 (sc[j],
+   mn[j]), Q6_K's signed scale per 16 (sc[h]); and its d (and dmin) */
+static void k_scales(int type, const uint8_t* blk, int sc[16], int mn[8], float* d, float* dmin) {
+    if (type == 14) {
+        for (int h = 0; h < 16; h++) sc[h] = ((const int8_t*)(blk + 192))[h];
+        *d = fp16(blk + 208);
+        *dmin = 0.0f;
+        return;
+    }
+    for (int j = 0; j < 8; j++) {
+        uint8_t a, b;
+        k4_scale_min(blk + 4, j, &a, &b);
+        sc[j] = a;
+        mn[j] = b;
+    }
+    *d = fp16(blk);
+    *dmin = fp16(blk + 2);
+}
+
+/* a K-quant row against activations rounded per 256: a super-block's groups summed in
+   integers with their scales, one float multiply-add a block (as llama.cpp's vec_dot_q*_K):
+   d * xd * sum(scale * code * xq) - dmin * xd * sum(min * xsum) (Q4_K, Q5_K), or
+   d * xd * sum(scale * (code - 32) * xq) (Q6_K) */
+static void row_dot_kref(int type, const uint8_t* row, const acts_t* a, int m0, int mc,
+                         float* out) {
+    int blocks = a->k / 256, bytes = block_bytes(type);
+    group_t G;
+    for (int i = 0; i < mc; i++) out[i] = 0.0f;
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t* blk = row + (size_t)b * bytes;
+        int sc[16], mn[8];
+        float d, dmin;
+        k_scales(type, blk, sc, mn, &d, &dmin);
+        for (int i = 0; i < mc; i++) {
+            size_t r = (size_t)(m0 + i);
+            const int8_t* xq = a->q + r * a->k + (size_t)b * 256;
+            const int32_t* xs = a->s + r * (a->k / 16) + (size_t)b * 16;
+            long isum = 0, osum = 0;
+            for (int j = 0; j < 8; j++) {
+                unpack_group(type, row, b * 8 + j, &G);
+                for (int l = 0; l < QK; l++) {
+                    int scale = type == 14 ? sc[2 * j + l / 16] : sc[j];
+                    isum += (long)scale * G.q[l] * xq[j * QK + l];
+                }
+                if (type == 14) osum += (long)sc[2 * j] * xs[2 * j] + (long)sc[2 * j + 1] * xs[2 * j + 1];
+                else osum += (long)mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+            }
+            float xd = a->d[r * blocks + b];
+            if (type == 14) out[i] += d * xd * (float)(isum - 32 * osum);
+            else out[i] += d * xd * (float)isum - dmin * xd * (float)osum;
+        }
+    }
+}
+
 /* portable: one weight row against up to TILE_M activation rows */
 static void row_dot_ref(int type, const uint8_t* row, const acts_t* a, int m0, int mc, float* out) {
+    if (type >= 12) {
+        row_dot_kref(type, row, a, m0, mc, out);
+        return;
+    }
     int groups = a->k / QK;
     group_t G;
     for (int i = 0; i < mc; i++) out[i] = 0.0f;
@@ -221,38 +288,13 @@ static inline __m256i bits32(uint32_t qh) { /* bit l of qh -> 0x10 in byte l */
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* a block's scales and offsets, per 16 elements (sc[2j], sc[2j + 1]: group j's halves), formed
-   as unpack_group forms them: once a block, not once a group (a K-quant's eight groups share
-   its d, dmin and packed 6-bit scales) */
-INLINE void block_scales(const int type, const uint8_t* blk, float sc[16], float of[16]) {
-    switch (type) {
-        case 2: case 3: case 6: case 7: case 8: {
-            float d = fp16(blk);
-            float o = type == 2 ? -8.0f * d : type == 6 ? -16.0f * d
-                    : type == 8 ? 0.0f : fp16(blk + 2);
-            sc[0] = sc[1] = d;
-            of[0] = of[1] = o;
-            return;
-        }
-        case 12: case 13: {
-            float d = fp16(blk), dmin = fp16(blk + 2);
-            for (int j = 0; j < 8; j++) {
-                uint8_t s, mn;
-                k4_scale_min(blk + 4, j, &s, &mn);
-                sc[2 * j] = sc[2 * j + 1] = d * (float)s;
-                of[2 * j] = of[2 * j + 1] = -(dmin * (float)mn);
-            }
-            return;
-        }
-        default: { /* 14: Q6_K */
-            const int8_t* s8 = (const int8_t*)(blk + 192);
-            float dd = fp16(blk + 208);
-            for (int h = 0; h < 16; h++) {
-                sc[h] = dd * (float)s8[h];
-                of[h] = -32.0f * sc[h];
-            }
-        }
-    }
+/* a legacy block's scale and offset (sc[0], of[0]; sc[1], of[1] the same), formed as
+   unpack_group forms them */
+INLINE void block_scales(const int type, const uint8_t* blk, float sc[2], float of[2]) {
+    float d = fp16(blk);
+    float o = type == 2 ? -8.0f * d : type == 6 ? -16.0f * d : type == 8 ? 0.0f : fp16(blk + 2);
+    sc[0] = sc[1] = d;
+    of[0] = of[1] = o;
 }
 
 /* group j of a block: its 32 codes as a vector (unsigned; Q8_0's signed) */
@@ -307,7 +349,7 @@ INLINE void row_dot_t(const int type, const int mc, const uint8_t* row, const ac
     const int per = block_elems(type) / QK, bytes = block_bytes(type);
     for (int b = 0; b < groups / per; b++) {
         const uint8_t* blk = row + (size_t)b * bytes;
-        float bsc[16], bof[16];
+        float bsc[2], bof[2];
         block_scales(type, blk, bsc, bof);
 #pragma GCC unroll 8
         for (int j = 0; j < per; j++) { /* unrolled: each group's shifts are constants */
@@ -339,6 +381,71 @@ INLINE void row_dot_t(const int type, const int mc, const uint8_t* row, const ac
     }
 }
 
+/* row_dot_kref on AVX2: each group's maddubs pairs multiplied by its scale (madd_epi16) and
+   summed in int32 over the super-block; type and mc constants where inlined */
+INLINE void row_dot_kt(const int type, const int mc, const uint8_t* row, const acts_t* a, int m0,
+                       float* out) {
+    const int blocks = a->k / 256, bytes = block_bytes(type);
+    __m256 acc[TILE_M];
+    float off[TILE_M];
+    for (int i = 0; i < mc; i++) {
+        acc[i] = _mm256_setzero_ps();
+        off[i] = 0.0f;
+    }
+    for (int b = 0; b < blocks; b++) {
+        const uint8_t* blk = row + (size_t)b * bytes;
+        int sc[16], mn[8];
+        float d, dmin;
+        k_scales(type, blk, sc, mn, &d, &dmin);
+        __m256i isum[TILE_M];
+        for (int i = 0; i < mc; i++) isum[i] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i w = block_codes(type, blk, j);
+            __m256i sv = type == 14 ? _mm256_set_m128i(_mm_set1_epi16((short)sc[2 * j + 1]),
+                                                       _mm_set1_epi16((short)sc[2 * j]))
+                                    : _mm256_set1_epi16((short)sc[j]);
+            for (int i = 0; i < mc; i++) {
+                const int8_t* xq = a->q + (size_t)(m0 + i) * a->k + (size_t)b * 256 + j * QK;
+                __m256i p = _mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i*)xq));
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, sv));
+            }
+        }
+        for (int i = 0; i < mc; i++) {
+            size_t r = (size_t)(m0 + i);
+            const int32_t* xs = a->s + r * (a->k / 16) + (size_t)b * 16;
+            float xd = a->d[r * blocks + b];
+            long osum = 0;
+            for (int j = 0; j < 8; j++) {
+                if (type == 14) osum += (long)sc[2 * j] * xs[2 * j] + (long)sc[2 * j + 1] * xs[2 * j + 1];
+                else osum += (long)mn[j] * (xs[2 * j] + xs[2 * j + 1]);
+            }
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), _mm256_set1_ps(d * xd), acc[i]);
+            if (type == 14) off[i] += d * xd * (float)(-32 * osum);
+            else off[i] -= dmin * xd * (float)osum;
+        }
+    }
+    for (int i = 0; i < mc; i++) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+        v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        v = _mm_add_ss(v, _mm_movehdup_ps(v));
+        out[i] = _mm_cvtss_f32(v) + off[i];
+    }
+}
+
+#define ROW_DOT_K(T)                                                                         \
+    static void row_dot_##T(int mc, const uint8_t* row, const acts_t* a, int m0, float* out) { \
+        switch (mc) {                                                                        \
+            case 1: row_dot_kt(T, 1, row, a, m0, out); return;                               \
+            case 2: row_dot_kt(T, 2, row, a, m0, out); return;                               \
+            case 3: row_dot_kt(T, 3, row, a, m0, out); return;                               \
+            default: row_dot_kt(T, 4, row, a, m0, out); return;                              \
+        }                                                                                    \
+    }
+ROW_DOT_K(12)
+ROW_DOT_K(13)
+ROW_DOT_K(14)
+
 #define ROW_DOT_TYPE(T)                                                                      \
     static void row_dot_##T(int mc, const uint8_t* row, const acts_t* a, int m0, float* out) { \
         switch (mc) {                                                                        \
@@ -353,9 +460,6 @@ ROW_DOT_TYPE(3)
 ROW_DOT_TYPE(6)
 ROW_DOT_TYPE(7)
 ROW_DOT_TYPE(8)
-ROW_DOT_TYPE(12)
-ROW_DOT_TYPE(13)
-ROW_DOT_TYPE(14)
 
 typedef void (*row_dot_fn)(int, const uint8_t*, const acts_t*, int, float*);
 
@@ -376,6 +480,8 @@ static row_dot_fn row_dot_avx2(int type) {
 /* ---- entry points ---- */
 
 int skiff_supported(int type) { return block_bytes(type) > 0; }
+
+int skiff_act_block(int type) { return act_block(type); }
 
 int skiff_simd(void) {
 #ifdef __AVX2__
@@ -424,16 +530,17 @@ void skiff_qmatmul(int type, const uint8_t* w, long row_bytes, int n, int k, con
    make) */
 void skiff_matmul(int type, const uint8_t* w, long row_bytes, int n, int k, const float* x,
                   int m, float* y, long ldy, int simd) {
+    int block = act_block(type);
     int8_t* xq = malloc((size_t)m * k);
-    float* xd = malloc((size_t)m * (k / QK) * sizeof(float));
-    int32_t* xs = malloc((size_t)m * (k / QK) * 2 * sizeof(int32_t));
+    float* xd = malloc((size_t)m * (k / block) * sizeof(float));
+    int32_t* xs = malloc((size_t)m * (k / 16) * sizeof(int32_t));
     if (m > 8) {
 #pragma omp parallel for schedule(static)
         for (int r = 0; r < m; r++)
-            skiff_quantize_rows(x + (size_t)r * k, 1, k, xq + (size_t)r * k, xd + (size_t)r * (k / QK),
-                                xs + (size_t)r * (k / QK) * 2);
+            skiff_quantize_rows(x + (size_t)r * k, 1, k, block, xq + (size_t)r * k,
+                                xd + (size_t)r * (k / block), xs + (size_t)r * (k / 16));
     } else {
-        skiff_quantize_rows(x, m, k, xq, xd, xs);
+        skiff_quantize_rows(x, m, k, block, xq, xd, xs);
     }
     skiff_qmatmul(type, w, row_bytes, n, k, xq, xd, xs, m, y, ldy, simd);
     free(xq);

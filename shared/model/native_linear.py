@@ -30,24 +30,27 @@ def native_supported(qtype: int, shape: tuple[int, int]) -> bool:
 
 
 class RoundedActs:
-    """x [M, K] rounded to int8 per 32: codes, float32 scales, the codes' sums per 16."""
+    """x [M, K] rounded to int8 per `block` elements (32; 256 for the K-quants, as llama.cpp's
+    q8_K): codes, a float32 scale a block, the codes' sums per 16."""
 
-    def __init__(self, x: torch.Tensor) -> None:
+    def __init__(self, x: torch.Tensor, block: int = GROUP) -> None:
         lib = load()
         m, k = x.shape
         xf = x.to(torch.float32).contiguous()
         self.shape = (m, k)
+        self.block = block
         self.q = torch.empty((m, k), dtype=torch.int8)
-        self.d = torch.empty((m, k // GROUP), dtype=torch.float32)
-        self.s = torch.empty((m, k // GROUP, 2), dtype=torch.int32)
+        self.d = torch.empty((m, k // block), dtype=torch.float32)
+        self.s = torch.empty((m, k // 16), dtype=torch.int32)
         lib.skiff_quantize_rows(
-            xf.data_ptr(), m, k, self.q.data_ptr(), self.d.data_ptr(), self.s.data_ptr()
+            xf.data_ptr(), m, k, block, self.q.data_ptr(), self.d.data_ptr(), self.s.data_ptr()
         )
 
     def dequantize(self) -> torch.Tensor:
         """float32 [M, K]: the values the matmul multiplies (for tests)."""
         m, k = self.shape
-        return (self.q.float().view(m, k // GROUP, GROUP) * self.d[..., None]).view(m, k)
+        b = self.block
+        return (self.q.float().view(m, k // b, b) * self.d[..., None]).view(m, k)
 
 
 class NativeWeight:
@@ -65,12 +68,15 @@ class NativeWeight:
             )
         self._lib = load()
         self._row_bytes = self.rows.shape[1]
+        self.act_block = self._lib.skiff_act_block(self.qtype)  # its activations' rounding
 
     def matmul(self, x: torch.Tensor | RoundedActs, simd: bool = True) -> torch.Tensor:
-        """x [M, K] @ W.T: float32 [M, N]. x may be rounded already (one rounding for the
-        projections of one input). simd False: the portable C path (tests)."""
+        """x [M, K] @ W.T: float32 [M, N]. x may be rounded already, per act_block (one
+        rounding for the projections of one input). simd False: the portable C path (tests)."""
         n, k = self.shape
         if isinstance(x, RoundedActs):
+            if x.block != self.act_block:
+                raise ValueError(f"rounded per {x.block}; this type takes {self.act_block}")
             y = torch.empty((x.shape[0], n), dtype=torch.float32)
             self._lib.skiff_qmatmul(
                 self.qtype, self.rows.data_ptr(), self._row_bytes, n, k, x.q.data_ptr(),

@@ -9,7 +9,6 @@ without -march=native (no AVX2, no F16C: the C fallbacks other CPUs run)."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import numpy as np
 import pytest
@@ -145,10 +144,7 @@ def test_quant_linear_multiplies_natively_where_it_can() -> None:
 def portable_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     """The library built for any x86-64 (or this CPU's baseline): no AVX2, no F16C."""
     out = tmp_path_factory.mktemp("portable") / "skiff_portable.so"
-    flags = [f for f in native._FLAGS if not f.startswith("-march")]
-    cmd = [native._compiler(), *flags, *map(str, native.SOURCES), "-o", str(out), "-lm"]
-    subprocess.run(cmd, check=True, capture_output=True)
-    return native._bind(ctypes.CDLL(str(out)))
+    return native.compile_library(out, native=False)
 
 
 def test_the_portable_build_multiplies_every_type(portable_lib: ctypes.CDLL) -> None:

@@ -8,7 +8,6 @@ no F16C: the C fallbacks other CPUs run)."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,10 +32,7 @@ N_BLOCKS = 64
 @pytest.fixture(scope="module")
 def portable_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     out = tmp_path_factory.mktemp("portable") / "skiff_portable.so"
-    flags = [f for f in native._FLAGS if not f.startswith("-march")]
-    cmd = [native._compiler(), *flags, *map(str, native.SOURCES), "-o", str(out), "-lm"]
-    subprocess.run(cmd, check=True, capture_output=True)
-    lib = native._bind(ctypes.CDLL(str(out)))
+    lib = native.compile_library(out, native=False)
     assert lib.skiff_simd() == 0
     return lib
 

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import torch  # noqa: F401 - loads torch's libgomp before the library's
 
-__all__ = ["load", "SOURCES"]
+__all__ = ["compile_library", "load", "SOURCES"]
 
 SOURCES = [Path(__file__).with_name(n) for n in ("qdot.c", "ops.c")]
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+HEADERS = [Path(__file__).with_name("half.h")]
+_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_NATIVE = "-march=native"  # this CPU's instructions (AVX2, F16C where it has them)
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
 
 
@@ -45,10 +47,10 @@ def _compiler() -> str | None:
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.blake2b(
-        b"".join(p.read_bytes() for p in SOURCES)
+        b"".join(p.read_bytes() for p in SOURCES + HEADERS)
         + version.encode()
         + _cpu_flags().encode()
-        + " ".join(_FLAGS).encode(),
+        + " ".join([*_FLAGS, _NATIVE]).encode(),
         digest_size=8,
     ).hexdigest()
     root = os.environ.get("SKIFF_CACHE_DIR") or Path.home() / ".cache" / "skiff"
@@ -61,17 +63,32 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run(
-            [cc, *_FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        _compile(cc, Path(tmp), native=True)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def _compile(cc: str, out: Path, native: bool) -> None:
+    flags = [*_FLAGS, _NATIVE] if native else _FLAGS
+    subprocess.run(
+        [cc, *flags, *map(str, SOURCES), "-o", str(out), "-lm"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+
+
+def compile_library(out: Path, native: bool = True) -> ctypes.CDLL:
+    """The library built at `out` and loaded; native False: for any CPU of the architecture
+    (no AVX2, no F16C: the portable C paths, which the tests run too)."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler")
+    _compile(cc, out, native)
+    return _bind(ctypes.CDLL(str(out)))
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:

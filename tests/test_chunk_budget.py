@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shared.engine import LLMEngine, Sequence
-from shared.engine.chunk_budget import COLD_TOKENS, ChunkBudget
+from shared.engine.chunk_budget import COLD_TOKENS, MIN_TOKENS, ChunkBudget
 from shared.engine.model_runner import ModelRunner
 from shared.engine.scheduler import PREFILL_QUANTUM, Scheduler
 from shared.engine.step_cost import StepCost, chunk_pairs
@@ -86,7 +86,7 @@ def test_floor_target_cold_start_and_minimum() -> None:
     cold = ChunkBudget(512)
     assert cold.chunk(3, 900, 0, 5000, cold.allowed_ms(3, 900)) == COLD_TOKENS
     slow = trained(lambda t, p: 50 + 20.0 * t)  # tokens dearer than the step allows
-    assert slow.chunk(3, 900, 0, 5000, slow.allowed_ms(3, 900)) == 18  # MIN_TOKENS
+    assert slow.chunk(3, 900, 0, 5000, slow.allowed_ms(3, 900)) == MIN_TOKENS
     with pytest.raises(ValueError, match="target_ms"):
         ChunkBudget(64, target_ms=-1)
 

@@ -1,5 +1,6 @@
 """The worker's spec client against a ROUTER the test plays the spec service on: tokens go up
-once per sequence, drafts for the current length become Sequence.draft, stale ones do not, an
+once per sequence, drafts for the current length become Sequence.draft, late ones from where
+the sequence stands if their guesses came true, stale ones not at all, an
 unknown sequence is sent whole again, and a missing or silent service costs no waiting."""
 
 from __future__ import annotations
@@ -85,6 +86,23 @@ def test_tokens_go_up_once_and_current_drafts_are_taken(router) -> None:
     client.ask([a])
     _, ask = _recv(sock)
     assert (ask.seqs[0].start, ask.seqs[0].tokens) == (0, [5, 6, 7, 8, 11, 12])
+    client.close()
+
+
+def test_a_late_draft_is_taken_from_where_its_guesses_came_true(router) -> None:
+    ctx, sock, endpoint = router
+    client, _ = _client(ctx, endpoint)
+    a, b, c = _seq(1, [5, 6], [7, 8, 9]), _seq(2, [5, 6], [7, 8, 9]), _seq(3, [5], [6])
+    client.ask([a, b, c])
+    who, _ = _recv(sock)
+    # made at lengths 3 and 3 (two tokens ago) and 2 (one ago): a's guesses 8, 9 came true, b's
+    # 8, 1 did not, c's draft ran out at the token it guessed
+    drafts = [SpecDraft(1, 3, [8, 9, 10, 11]), SpecDraft(2, 3, [8, 1, 10]), SpecDraft(3, 1, [6])]
+    sock.send_multipart([who, encoder().encode(SpecDrafts(drafts))])
+    assert client.sock.poll(2000)
+    client.collect({1: a, 2: b, 3: c}, last_step_s=0.05)
+    assert a.draft == [10, 11] and client.stats["caught_up"] == 1
+    assert b.draft == [] and c.draft == [] and client.stats["stale"] == 2
     client.close()
 
 

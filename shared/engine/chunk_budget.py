@@ -21,8 +21,10 @@ from shared.engine.step_cost import StepCost, chunk_pairs
 __all__ = ["ChunkBudget", "FLOOR_MS"]
 
 FLOOR_MS = 20.0  # the allowed time of a step with decodes never goes under this
-# a chunk beside decodes gets at least this: past the 17 rows the CPU attends one by one
-MIN_TOKENS = 18
+# a chunk beside decodes gets at least this (the prompt always moves on). It was 18 while the
+# CPU's attention took chunks of up to 17 rows one by one and longer ones in one fused call;
+# the CPU library attends every row alike, so a chunk's cost no longer jumps at 18
+MIN_TOKENS = 8
 COLD_TOKENS = 64  # a chunk's tokens before the cost model has seen steps of two sizes
 
 

@@ -21,7 +21,16 @@ from collections.abc import Callable
 import zmq
 
 from shared.engine import Sequence
-from shared.protocol import SpecAsk, SpecDrafts, SpecEnd, SpecSeq, SpecToWorker, decoder, encoder
+from shared.protocol import (
+    SpecAsk,
+    SpecDraft,
+    SpecDrafts,
+    SpecEnd,
+    SpecSeq,
+    SpecToWorker,
+    decoder,
+    encoder,
+)
 
 DEAD_AFTER_S = 1.0  # an ask unanswered this long: the service is taken for gone
 RETRY_S = 1.0  # then one ask a second probes for it
@@ -123,10 +132,13 @@ class SpecClient:
             self._sent.pop(sid, None)
         for d in msg.drafts:
             seq = seqs.get(d.seq_id)
-            if seq is None or seq.spec is None or d.at != seq.num_tokens or seq.num_inflight:
+            tokens = None if seq is None else _still_ahead(d, seq)
+            if not tokens or seq.spec is None or seq.num_inflight:
                 self.stats["stale"] += 1
                 continue
-            seq.draft = d.tokens[: seq.spec.k]
+            if d.at != seq.num_tokens:
+                self.stats["caught_up"] += 1  # came after the sequence moved on, guesses true
+            seq.draft = tokens[: seq.spec.k]
             seq.draft_source = d.source
             self.stats["drafts"] += 1
 
@@ -147,3 +159,16 @@ class SpecClient:
 
     def close(self) -> None:
         self.sock.close(linger=0)
+
+
+def _still_ahead(d: SpecDraft, seq: Sequence) -> list[int] | None:
+    """The draft's tokens past where the sequence stands: all of them when it was made for this
+    length; for a draft that came late (the sequence moved on while the service answered: a
+    step shorter than its round trip), the rest where the tokens it guessed for the positions
+    since came true; else None."""
+    lag = seq.num_tokens - d.at
+    if lag < 0 or lag >= len(d.tokens) or lag > len(seq.output_ids):
+        return None
+    if lag and seq.output_ids[-lag:] != list(d.tokens[:lag]):
+        return None
+    return list(d.tokens[lag:])

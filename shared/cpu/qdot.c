@@ -268,13 +268,11 @@ static inline __m256i bits32(uint32_t qh) { /* bit l of qh -> 0x10 in byte l */
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* a legacy block's scale and offset (sc[0], of[0]; sc[1], of[1] the same), formed as
-   unpack_group forms them */
-INLINE void block_scales(const int type, const uint8_t* blk, float sc[2], float of[2]) {
+/* a legacy block's scale and offset, formed as unpack_group forms them */
+INLINE void block_scale(const int type, const uint8_t* blk, float* sc, float* of) {
     float d = fp16(blk);
-    float o = type == 2 ? -8.0f * d : type == 6 ? -16.0f * d : type == 8 ? 0.0f : fp16(blk + 2);
-    sc[0] = sc[1] = d;
-    of[0] = of[1] = o;
+    *sc = d;
+    *of = type == 2 ? -8.0f * d : type == 6 ? -16.0f * d : type == 8 ? 0.0f : fp16(blk + 2);
 }
 
 /* group j of a block: its 32 codes as a vector (unsigned; Q8_0's signed) */
@@ -326,31 +324,20 @@ INLINE void row_dot_t(const int type, const int mc, const uint8_t* row, const ac
         xd[i] = a->d + (size_t)(m0 + i) * groups;
         xs[i] = a->s + (size_t)(m0 + i) * groups * 2;
     }
-    const int per = block_elems(type) / QK, bytes = block_bytes(type);
-    for (int b = 0; b < groups / per; b++) {
-        const uint8_t* blk = row + (size_t)b * bytes;
-        float bsc[2], bof[2];
-        block_scales(type, blk, bsc, bof);
-#pragma GCC unroll 8
-        for (int j = 0; j < per; j++) { /* unrolled: each group's shifts are constants */
-            const int g = b * per + j;
-            const float* sc = bsc + 2 * j;
-            const float* of = bof + 2 * j;
-            __m256i w = block_codes(type, blk, j);
-            __m256i wabs = type == 8 ? _mm256_sign_epi8(w, w) : w;
-            __m256 scale = type == 14 ? _mm256_set_m128(_mm_set1_ps(sc[1]), _mm_set1_ps(sc[0]))
-                                      : _mm256_set1_ps(sc[0]);
-            for (int i = 0; i < mc; i++) {
-                __m256i x = _mm256_loadu_si256((const __m256i*)(xq[i] + g * QK));
-                if (type == 8) x = _mm256_sign_epi8(x, w);
-                __m256 p = _mm256_cvtepi32_ps(dot_u8s8(wabs, x));
-                float d = xd[i][g];
-                acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(d)), p, acc[i]);
-                if (type == 14)
-                    off[i] += d * (of[0] * (float)xs[i][2 * g] + of[1] * (float)xs[i][2 * g + 1]);
-                else if (type != 8)
-                    off[i] += d * of[0] * (float)(xs[i][2 * g] + xs[i][2 * g + 1]);
-            }
+    for (int g = 0; g < groups; g++) { /* a legacy block is one group */
+        const uint8_t* blk = row + (size_t)g * block_bytes(type);
+        float sc, of;
+        block_scale(type, blk, &sc, &of);
+        __m256i w = block_codes(type, blk, 0);
+        __m256i wabs = type == 8 ? _mm256_sign_epi8(w, w) : w;
+        __m256 scale = _mm256_set1_ps(sc);
+        for (int i = 0; i < mc; i++) {
+            __m256i x = _mm256_loadu_si256((const __m256i*)(xq[i] + g * QK));
+            if (type == 8) x = _mm256_sign_epi8(x, w);
+            __m256 p = _mm256_cvtepi32_ps(dot_u8s8(wabs, x));
+            float d = xd[i][g];
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(d)), p, acc[i]);
+            if (type != 8) off[i] += d * of * (float)(xs[i][2 * g] + xs[i][2 * g + 1]);
         }
     }
     for (int i = 0; i < mc; i++) {

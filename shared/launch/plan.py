@@ -177,9 +177,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--cpu-weights",
         default=None,
         choices=["native", "int4", "float"],
-        help="a CPU worker's quantized weights: native (default: the GGUF blocks, multiplied "
-        "by a C library compiled at first use), int4 (4-bit planes for torch's int4 GEMM where "
-        "the type allows) or float (float32 copies)",
+        help="a CPU worker's quantized weights: native (default: GGUF blocks, a C library), "
+        "int4 (torch's int4 GEMM) or float (float32 copies)",
     )
     p.add_argument(
         "--threads",

@@ -103,8 +103,7 @@ class QuantLinear(nn.Module):
         # kept beside the packed planes for batches of more than dense_rows rows
         self.dense_copy: torch.Tensor | None = None
         self.dense_rows = 0
-        # on the CPU (cpu_weights): the GGUF blocks multiplied by the compiled library
-        # (native_linear), or torch's 4-bit planes (int4_linear), for the types they take
+        # the CPU's: GGUF blocks for the C library (native_linear) or int4 planes (int4_linear)
         self.native: NativeWeight | None = None
         self.int4: Int4Weight | None = None
         cpu = raw.device.type == "cpu" and cpu_weights != "float"
@@ -115,8 +114,7 @@ class QuantLinear(nn.Module):
             self.int4 = Int4Weight(raw, qtype, shape)
             self.raw = None
         elif cpu and qtype not in FLOAT_TYPES:
-            # the other quantized types (16-element scales: Q2_K, Q3_K, Q6_K; ragged shapes):
-            # a bf16 copy, half a float32 one's bytes (decode reads it whole every step)
+            # the types neither takes (Q2_K, Q3_K; ragged shapes): a bf16 copy
             self.dense_copy = self._dequantize().to(torch.bfloat16)
         elif qtype in FLOAT_TYPES or cache_dequantized:
             self.dense_copy = self._dequantize()
@@ -220,10 +218,6 @@ class QuantLinear(nn.Module):
         """x @ W.T (+ bias); rounded: x's int8 roundings by layout (int8_layout), if made.
         out: x's rows of the result are stored there, in its dtype (the rows GEMV stores
         them itself, with no rounding to x's dtype between; else a copy), and out returned."""
-        if self.native is not None and out is None:  # the CPU's (first: a decode step's hot path)
-            y = self.native.matmul(x.reshape(-1, self.shape[1])).to(x.dtype)
-            y = y.reshape(*x.shape[:-1], self.shape[0])
-            return y if self.bias is None else y + self.bias
         pw = self.packed
         if out is not None and not (
             pw is not None and pw.rows32 and x.numel() == self.shape[1] and self.bias is None
@@ -232,7 +226,9 @@ class QuantLinear(nn.Module):
             return out.copy_(self(x, rounded).reshape(out.shape))
         if self.kernel_error is not None:
             return F.linear(x, self.weight(), self.bias)
-        if self.int4 is not None:
+        if self.native is not None:
+            y = self.native.matmul(x.reshape(-1, self.shape[1])).to(x.dtype)
+        elif self.int4 is not None:
             y = self.int4.matmul(x.reshape(-1, self.shape[1]))
         elif pw is not None:
             x2 = x.reshape(-1, self.shape[1])

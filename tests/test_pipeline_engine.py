@@ -4,6 +4,8 @@
   those of one stage, on SmolLM2 (two and three stages).
 - micro_batches cuts a step's sequences into groups of about equal tokens, keeping each
   sequence's rows and the logits rows' order.
+- A SpanStep (what a stage's CUDA graphs capture) computes its layers' output; on a GPU, two
+  stages replaying graphs give one stage's greedy tokens.
 - A stage killed mid-run makes the next step raise StageLost (no hang); a stage that fails to
   load is named in the error, and a bad split or device is refused before any stage starts.
 """
@@ -26,7 +28,9 @@ from shared.model import load_model
 from shared.model.batch import ForwardBatch, SeqChunk
 from shared.model.causal_lm import LayerSpan
 from shared.pipeline.lead import Pipeline, StageLost, StageOptions, StageSpec, micro_batches
+from shared.pipeline.span_step import SpanStep
 from shared.sampling import SamplingParams
+from tools.synthetic_gguf import SynthSpec, synthetic
 
 PROMPTS = [
     "The capital of France is",
@@ -150,3 +154,63 @@ def test_a_stage_that_fails_to_load_is_named(smollm2_path: Path, tmp_path: Path)
             pipeline.wait_ready(timeout=120)
     finally:
         pipeline.close()
+
+
+def test_a_span_step_gives_its_layers_output(smollm2_path: Path) -> None:
+    """SpanStep (what a stage's CUDA graphs capture) computes what run_layers does: stage 0
+    from the tokens, a later stage from the rows loaded into its inputs; x then the residual
+    in one output row."""
+    f = GGUFFile(smollm2_path)
+    front = load_model(f, span=LayerSpan(0, 12, True))
+    back = load_model(f, span=LayerSpan(12, 30, False))
+    assert front.residual_stream and back.residual_stream
+    kvs = [KVPool(n, 8, 4, front.cfg.n_kv_heads, front.cfg.head_dim, torch.float32, "cpu")
+           for n in (12, 18)]  # fmt: skip
+    batch = _batch([5, 3], ["last", "last"])
+    want_x, want_res, _ = front.run_layers(front.embed_batch(batch), None, batch, kvs[0])
+    want = back.run_layers(want_x, want_res, batch, kvs[1])
+    cpu = torch.device("cpu")
+    first = SpanStep(front, 16, True, torch.float32, cpu)
+    x, res = first.split(first(batch, kvs[0]))
+    assert torch.equal(x, want_x) and torch.equal(res, want_res)
+    later = SpanStep(back, 16, False, torch.float32, cpu)
+    later.load(x, res)
+    out = torch.full((batch.token_ids.shape[0], later.out_width), float("nan"))
+    x2, res2 = later.split(later(batch, kvs[1], out))
+    assert torch.equal(x2, want[0]) and torch.equal(res2, want[1])
+
+
+@pytest.mark.gpu
+def test_cuda_stages_replay_graphs_and_equal_one_stage(synthetic_dir: Path) -> None:
+    """Two stages on one GPU (two processes), both capturing their decode steps: greedy tokens
+    equal one stage's, and stage 0's decode steps replayed graphs."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    spec = SynthSpec(arch="llama", n_layers=4, d_model=512, n_heads=8, n_kv_heads=2,
+                     ffn_dim=1024, vocab=1024)  # fmt: skip
+    path = synthetic(spec, "Q4_K_M", synthetic_dir)
+
+    def run(stages: tuple[str, ...]) -> tuple[dict[int, list[int]], int]:
+        cfg = EngineConfig(
+            model_path=str(path), device="cuda:0", dtype="bfloat16", kv_blocks=96,
+            max_batch_tokens=48, max_seqs=8, stages=stages, layer_split=(2, 2) if stages else (),
+        )  # fmt: skip
+        loaded = build_engine(cfg)
+        try:
+            greedy = SamplingParams(temperature=0.0).validate()
+            for i in range(3):
+                ids = [1, *range(10 + 7 * i, 30 + 11 * i)]
+                loaded.engine.add(Sequence(i, ids, greedy, 12, frozenset(), None))
+            out: dict[int, list[int]] = {i: [] for i in range(3)}
+            while loaded.engine.has_work():
+                for ev in loaded.engine.step():
+                    out[ev.seq_id].append(ev.token_id)
+            pipe = loaded.pipeline
+            return out, (pipe.graphs.replays["decode"] if pipe and pipe.graphs else 0)
+        finally:
+            loaded.close()
+
+    one, _ = run(())
+    two, replays = run(("cuda:0",))
+    assert two == one
+    assert replays > 0

@@ -131,7 +131,7 @@ class _Graphs:
     ("fails", "kept"), [(set(), 512), ({512}, 0), ({512, 0}, None)], ids=["all", "decode", "none"]
 )
 def test_a_failed_capture_falls_back(fails: set[int], kept: int | None, caplog) -> None:
-    from shared.engine.factory import capture_graphs
+    from shared.engine.cuda_graphs import capture_graphs
 
     graphs = capture_graphs(lambda tokens: _Graphs(tokens, fails), 512)
     assert (graphs.tokens if graphs else None) == kept

@@ -15,11 +15,17 @@ other op keeps rows apart; padding logits rows repeat row 0 and are cut off. Inp
 static buffers the graphs were captured on; a step copies the real values in and replays.
 Every graph leaves its logits in one shared buffer, which sampling reads right after the
 replay, on the device, before the next step's replay is queued on the same stream.
+
+What is captured is any step of the model's call shape (``step(batch, kv, out=None)``): the
+whole model (logits), or a pipeline stage's layers (shared.pipeline.span_step), whose output
+rows are hidden states; a step names its output's width and dtype (``out_width``,
+``out_dtype``) where they are not the vocabulary's float32 logits.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import logging
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -34,6 +40,11 @@ from shared.kernels.stage_inputs import stage_inputs
 from shared.kv import KVPool
 from shared.model import ForwardBatch
 from shared.model.causal_lm import CausalLM
+
+if TYPE_CHECKING:
+    from shared.pipeline.span_step import SpanStep
+
+log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # at most 50 % padding up to 128 tokens and 25 % from there (prefill is compute-bound above
@@ -124,7 +135,7 @@ def mixed_buckets(max_batch_tokens: int) -> list[int]:
 class StepGraphs:
     def __init__(
         self,
-        model: CausalLM,
+        model: CausalLM | SpanStep,
         kv: KVPool,
         max_seqs: int,
         max_model_len: int,
@@ -218,8 +229,9 @@ class StepGraphs:
         keys = [("mixed", b, None) for b in reversed(self.mixed)]
         keys += [("decode", b, g) for b in reversed(self.buckets) for g in self.decode_graphs[b]]
         rows = max(self._rows(kind, b) for kind, b, _ in keys)
-        vocab = self.model.cfg.vocab_size
-        self.logits = torch.empty(rows, vocab, dtype=torch.float32, device=self.device)
+        width = getattr(self.model, "out_width", self.model.cfg.vocab_size)
+        dtype = getattr(self.model, "out_dtype", torch.float32)
+        self.logits = torch.empty(rows, width, dtype=dtype, device=self.device)
         for key in keys:
             batch = self._batch(*key)  # (kind, bucket, DecodeGraph or None)
             self.model(batch, self.kv)  # compiles the kernels outside the capture
@@ -301,3 +313,21 @@ class StepGraphs:
             src, self._staged, b, s_pad, rows_pad=self._rows(kind, b) if mixed else 0,
             splits=self._chunk_splits(batch, b) if mixed else 0, fill=fill,
         )  # fmt: skip
+
+
+def capture_graphs(make, mixed_tokens: int):
+    """``make(tokens).capture()`` with mixed steps up to mixed_tokens, else decode steps only,
+    else none: a model whose steps cannot be captured runs eagerly (slower, with a warning)
+    instead of failing to start."""
+    for tokens in dict.fromkeys((mixed_tokens, 0)):
+        graphs = make(tokens)
+        try:
+            graphs.capture()
+            return graphs
+        except Exception as exc:  # noqa: BLE001 - any capture failure: fall back, say why
+            what = "mixed and decode" if tokens else "decode"
+            log.warning("capturing CUDA graphs of %s steps failed: %s", what, exc)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+    log.warning("running every step eagerly (no CUDA graphs)")
+    return None

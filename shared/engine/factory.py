@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.engine.cuda_graphs import GRAPH_MODES, StepGraphs
+from shared.engine.cuda_graphs import GRAPH_MODES, StepGraphs, capture_graphs
 from shared.engine.engine import LLMEngine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.warm_up import warm_up
@@ -82,24 +82,6 @@ def _default_kv_blocks(
     return max(1, budget // per_block)
 
 
-def capture_graphs(make, mixed_tokens: int):
-    """``make(tokens).capture()`` with mixed steps up to mixed_tokens, else decode steps only,
-    else none: a model whose steps cannot be captured runs eagerly (slower, with a warning)
-    instead of failing to start."""
-    for tokens in dict.fromkeys((mixed_tokens, 0)):
-        graphs = make(tokens)
-        try:
-            graphs.capture()
-            return graphs
-        except Exception as exc:  # noqa: BLE001 - any capture failure: fall back, say why
-            what = "mixed and decode" if tokens else "decode"
-            log.warning("capturing CUDA graphs of %s steps failed: %s", what, exc)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-    log.warning("running every step eagerly (no CUDA graphs)")
-    return None
-
-
 def build_engine(cfg: EngineConfig) -> LoadedEngine:
     if cfg.cuda_graphs not in GRAPH_MODES:
         raise ValueError(f"cuda_graphs {cfg.cuda_graphs!r}: one of {', '.join(GRAPH_MODES)}")
@@ -136,7 +118,7 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
     if cfg.stages:
         if kv.head_scales:
             raise ValueError("FP8 per-head KV scales are not calibrated across pipeline stages")
-        pipeline = start_stages(cfg, kv, model, split)
+        pipeline = start_stages(cfg, kv, model, split, max_len)
     if kv.head_scales:
         t = time.perf_counter()
         n = calibrate(model, kv, tokenizer)
@@ -153,6 +135,8 @@ def build_engine(cfg: EngineConfig) -> LoadedEngine:
             return StepGraphs(model, kv, cfg.max_seqs, max_len, tokens)
 
         graphs = capture_graphs(make, mixed)
+    elif cfg.cuda_graphs != "off" and on_cuda:
+        pipeline.capture_front(cfg.max_seqs, max_len)
     runner = ModelRunner(pipeline or model, kv, cfg.device, graphs)
     blocks = BlockManager(
         num_blocks,

@@ -33,6 +33,10 @@ class LayerSpan:
 
 
 class CausalLM(nn.Module):
+    # whether run_layers hands on a residual stream beside x (a pipeline stage after the first
+    # then takes one in): the architectures that fuse each residual add with the next norm
+    residual_stream = False
+
     def __init__(self, cfg: ModelConfig, w: WeightLoader, span: LayerSpan | None = None) -> None:
         super().__init__()
         self.cfg = cfg

@@ -85,6 +85,8 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
+    residual_stream = True
+
     def run_layers(
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:

@@ -70,8 +70,9 @@ def plan_stages(cfg, f: GGUFFile, kv_dtype: torch.dtype) -> tuple[list[int], int
     return list(chosen.layer_split), chosen.kv_blocks
 
 
-def start_stages(cfg, kv: KVPool, model, split: list[int]) -> Pipeline:
-    """The stage processes after stage 0, each with its layers and kv's block count, ready."""
+def start_stages(cfg, kv: KVPool, model, split: list[int], max_len: int) -> Pipeline:
+    """The stage processes after stage 0, each with its layers and kv's block count, ready
+    (their decode steps captured as CUDA graphs on a GPU, as the worker's own are)."""
     specs, first = [], split[0]
     caps = cfg.memory_gib[1:] or (0.0,) * len(cfg.stages)
     for device, n, gib in zip(cfg.stages, split[1:], caps, strict=True):
@@ -79,7 +80,8 @@ def start_stages(cfg, kv: KVPool, model, split: list[int]) -> Pipeline:
         first += n
     opts = StageOptions(
         cfg.model_path, kv.num_blocks, cfg.block_size, cfg.kv_dtype, cfg.cpu_weights,
-        cfg.dense_copies,
+        cfg.dense_copies, max_seqs=cfg.max_seqs, max_model_len=max_len,
+        cuda_graphs=cfg.cuda_graphs,
     )  # fmt: skip
     pipeline = Pipeline(model, kv, specs, opts, torch.device(cfg.device), getattr(torch, cfg.dtype))
     try:

@@ -27,10 +27,12 @@ from pathlib import Path
 import torch
 import zmq
 
+from shared.engine.cuda_graphs import StepGraphs, capture_graphs
 from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.causal_lm import CausalLM
 from shared.pipeline.frames import read_step, send_step, stage_batch
+from shared.pipeline.span_step import SpanStep
 from shared.protocol import (
     StageFailed,
     StageReady,
@@ -109,6 +111,9 @@ class StageOptions:
     cpu_weights: str = "native"
     dense_copies: str = "auto"
     threads: int = 0
+    max_seqs: int = 256  # the worker's: the decode graphs' buckets
+    max_model_len: int = 8192  # the worker's: the graphs' block tables
+    cuda_graphs: str = "all"  # "off": every stage runs eagerly
 
     def dtype(self, device: str) -> str:
         return "bfloat16" if device.startswith("cuda") else "float32"
@@ -148,6 +153,26 @@ class Pipeline:
             nxt = ep[i] if i < len(stages) else self._ret
             self.procs.append(self._spawn(i, spec, ep[i - 1], nxt))
         self.ready: list[StageReady] = []
+        self.graphs: StepGraphs | None = None  # stage 0's decode steps (capture_front)
+        self._span: SpanStep | None = None
+
+    def capture_front(self, max_seqs: int, max_model_len: int) -> None:
+        """CUDA graphs of stage 0's own part (embedding and layers) at the decode buckets, as
+        every later stage captures its layers; the head runs eagerly after the ring."""
+        self._span = SpanStep(self.model, max_seqs, True, self.dtype, self.device)
+
+        def make(_tokens: int) -> StepGraphs:
+            return StepGraphs(self._span, self.kv, max_seqs, max_model_len, 0)
+
+        self.graphs = capture_graphs(make, 0)
+
+    def _front(self, b: ForwardBatch, kv: KVPool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Stage 0's layers over micro-batch b: (x, residual or None), replayed where a graph
+        fits it. A replay's rows stay valid until the next (send_step copies them first)."""
+        if self.graphs is not None and self.graphs.fits(b):
+            return self._span.split(self.graphs.run(b))
+        x, residual, _ = self.model.run_layers(self.model.embed_batch(b), None, b, kv)
+        return x, residual
 
     def __getattr__(self, name: str):  # cfg, ops, ...: stage 0's model answers
         if name == "model":
@@ -173,6 +198,8 @@ class Pipeline:
             "--cpu-weights", o.cpu_weights, "--dense-copies", o.dense_copies,
             "--threads", str(o.threads), "--recv", recv, "--send", send, "--lead", self._ctrl,
             "--parent", str(os.getpid()), "--memory-gib", str(spec.memory_gib),
+            "--max-seqs", str(o.max_seqs), "--max-model-len", str(o.max_model_len),
+            "--cuda-graphs", "off" if o.cuda_graphs == "off" else "all",
         ]  # fmt: skip
         return subprocess.Popen(argv)
 
@@ -239,7 +266,7 @@ class Pipeline:
         the next), then takes them back in order for the head."""
         model, first = self.model, self._step
         for b in batches:
-            x, residual, _ = model.run_layers(model.embed_batch(b), None, b, kv)
+            x, residual = self._front(b, kv)
             send_step(self._out, self._enc, self._step, stage_batch(b), x, residual)
             self._step += 1
         logits = []

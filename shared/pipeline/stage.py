@@ -17,6 +17,7 @@ import traceback
 import torch
 import zmq
 
+from shared.engine.cuda_graphs import GRAPH_MODES, StepGraphs, capture_graphs
 from shared.kv import KVPool
 from shared.kv.kv_dtype import resolve_kv_dtype
 from shared.loader import GGUFFile
@@ -24,6 +25,7 @@ from shared.model import load_model
 from shared.model.causal_lm import LayerSpan
 from shared.pipeline.build import cap_memory
 from shared.pipeline.frames import local_batch, read_step, send_step
+from shared.pipeline.span_step import SpanStep
 from shared.protocol import StageFailed, StageReady, StageStep, StageStop, StageToStage, decoder
 from shared.protocol import encoder as make_encoder
 
@@ -48,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lead", required=True, help="stage 0's control endpoint (PUSH)")
     p.add_argument("--parent", type=int, default=0, help="stage 0's pid: exit when it is gone")
     p.add_argument("--memory-gib", type=float, default=0.0, help="a GPU stage's memory cap")
+    p.add_argument("--max-seqs", type=int, default=256, help="the worker's (graph buckets)")
+    p.add_argument("--max-model-len", type=int, default=8192, help="the worker's (block tables)")
+    p.add_argument("--cuda-graphs", default="all", choices=GRAPH_MODES, help="off: run eagerly")
     return p.parse_args(argv)
 
 
@@ -71,12 +76,26 @@ class Stage:
         )  # fmt: skip
         self.width = mc.d_model
         self.layers = [first, last]
+        self.graphs = self.span = None
+        on_cuda = self.device.type == "cuda" and self.model.ops.name == "triton"
+        if a.cuda_graphs != "off" and on_cuda:
+            # decode steps only: prompt chunks are large enough to run eagerly
+            self.span = SpanStep(self.model, a.max_seqs, False, self.dtype, self.device)
+
+            def make(_tokens: int) -> StepGraphs:
+                return StepGraphs(self.span, self.kv, a.max_seqs, a.max_model_len, 0)
+
+            self.graphs = capture_graphs(make, 0)
 
     @torch.inference_mode()
     def run(self, frames: list[bytes], msg: StageStep, out: zmq.Socket, enc) -> None:
         batch = local_batch(msg.batch, self.device)
         x, residual = read_step(frames, msg, self.device, self.dtype, self.width)
-        x, residual, _ = self.model.run_layers(x, residual, batch, self.kv)
+        if self.graphs is not None and self.graphs.fits(batch):
+            self.span.load(x, residual)
+            x, residual = self.span.split(self.graphs.run(batch))
+        else:
+            x, residual, _ = self.model.run_layers(x, residual, batch, self.kv)
         send_step(out, enc, msg.step, msg.batch, x, residual)
 
 

@@ -15,10 +15,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TextIO
 
 from shared.launch.devices import count_cuda_devices, resolve_devices
+from shared.launch.fit import Layout, ask
 from shared.launch.plan import (
     _SOURCE_ROOT,
     Plan,
@@ -254,8 +255,10 @@ def serve(
     out: TextIO | None = None,
     err: TextIO | None = None,
     cuda_count: Callable[[], int] = count_cuda_devices,
+    fit: Callable[[str, list[str], int], Layout] = ask,
 ) -> int:
-    """`skiff serve`: 0 once a signal stops it; non-zero if it cannot start or the gateway dies."""
+    """`skiff serve`: 0 once a signal stops it; non-zero if it cannot start or the gateway dies.
+    fit: where the model fits, asked when several devices are named (shared.launch.fit)."""
     console = Console(out or sys.stdout, err or sys.stderr, width=len("prefill cuda:0"))
     if not config.model.is_file():
         console.say(f"error: no such model file: {config.model}")
@@ -273,6 +276,13 @@ def serve(
             [],
             resolve_devices(config.devices, cuda_count, repeats=config.pipeline),
         )
+        if not prefill and not config.pipeline and len(devices) > 1:
+            console.say("checking that the model fits each device")
+            layout = fit(str(config.model), devices, config.max_model_len or 0)
+            if layout.message:
+                console.say(layout.message)
+            devices = layout.devices
+            config = replace(config, pipeline=layout.pipeline)
     except ValueError as e:
         console.say(f"error: {e}")
         return 2

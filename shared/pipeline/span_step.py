@@ -4,10 +4,10 @@
 ``out`` [rows, 2 * d_model] in the activations' dtype: x, then the residual stream beside it
 (architectures that hand one on, ``CausalLM.residual_stream``; else that half is left as it
 is). The first stage embeds the batch's tokens; a later stage reads the previous stage's rows
-from ``inputs``, a static buffer the caller fills before each step (``load``), as a captured
-graph reads its inputs. ``StepGraphs`` captures it at decode buckets like the whole model: a
-stage's eager step launches a few hundred kernels from Python, which at small batches cost more
-than running them.
+from ``x_in`` and ``residual_in``, static buffers the caller fills before each step (``load``),
+as a captured graph reads its inputs. ``StepGraphs`` captures it at decode buckets like the
+whole model: a stage's eager step launches a few hundred kernels from Python, which at small
+batches cost more than running them.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ class SpanStep:
         self.width = model.cfg.d_model
         self.out_width = 2 * self.width
         self.out_dtype = dtype
-        self.inputs = None
+        self.x_in = self.residual_in = None  # contiguous: the kernels read rows whole
         if not first:
-            self.inputs = torch.zeros(max_tokens, self.out_width, dtype=dtype, device=device)
+            self.x_in = torch.zeros(max_tokens, self.width, dtype=dtype, device=device)
+            self.residual_in = torch.zeros_like(self.x_in)
 
     @property
     def carries_residual(self) -> bool:
@@ -46,10 +47,10 @@ class SpanStep:
 
     def load(self, x: torch.Tensor, residual: torch.Tensor | None) -> None:
         """The previous stage's rows into the inputs a step reads."""
-        n, d = x.shape[0], self.width
-        self.inputs[:n, :d].copy_(x)
+        n = x.shape[0]
+        self.x_in[:n].copy_(x)
         if residual is not None:
-            self.inputs[:n, d:].copy_(residual)
+            self.residual_in[:n].copy_(residual)
 
     def split(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(x, residual or None) of a step's output rows."""
@@ -63,8 +64,8 @@ class SpanStep:
         if self.first:
             x, residual = self.model.embed_batch(batch), None
         else:
-            x = self.inputs[:n, :d]
-            residual = self.inputs[:n, d:] if self.carries_residual else None
+            x = self.x_in[:n]
+            residual = self.residual_in[:n] if self.carries_residual else None
         x, residual, _ = self.model.run_layers(x, residual, batch, kv)
         if out is None:
             out = torch.empty(n, self.out_width, dtype=self.out_dtype, device=x.device)

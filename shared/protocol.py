@@ -293,7 +293,30 @@ class StageStep(_Msg, tag="stagestep"):
 
 
 class StageStop(_Msg, tag="stagestop"):
-    """Stage 0 stops: each stage passes it on and exits."""
+    """Stage 0 stops: each stage passes it on and exits (a stage server waits for the next
+    StageAssign instead)."""
+
+
+class StageAssign(_Msg, tag="stageassign"):
+    """Stage 0 to a stage server on another host (`python -m shared.pipeline.stage --serve
+    ENDPOINT`), on the socket the ring's steps then arrive on: the part of the model it holds
+    and where its ring goes. A server takes a new assignment whenever one comes (a restarted
+    worker), dropping the part it held."""
+
+    stage: int
+    model: str  # the file's path on stage 0's host (the server may name its own copy)
+    model_bytes: int  # the file's size: both ends must hold the same file
+    layers: list[int]  # [first, last)
+    kv_blocks: int
+    block_size: int
+    kv_dtype: str
+    send: str  # the next stage's endpoint (stage 0's return endpoint after the last)
+    lead: str  # stage 0's control endpoint (StageReady / StageFailed)
+    max_seqs: int = 256
+    max_model_len: int = 8192
+    cuda_graphs: str = "all"
+    dense_copies: str = "auto"
+    cpu_weights: str = "native"
 
 
 class StageReady(_Msg, tag="stageready"):
@@ -310,7 +333,7 @@ class StageFailed(_Msg, tag="stagefailed"):
     error: str
 
 
-StageToStage = StageStep | StageStop
+StageToStage = StageStep | StageStop | StageAssign
 StageToLead = StageReady | StageFailed
 
 WorkerToKV = KVHello | KVPut | KVLookup | KVRelease | KVAlive
@@ -325,7 +348,7 @@ WorkerTokens = StepTokens
 ALL_MESSAGES = (
     Generate, Abort, WorkerReady, Heartbeat, Rejected, Prefilled, StepTokens,
     KVHello, KVPut, KVLookup, KVRelease, KVAlive, KVAttach, KVGrant, KVFound, KVStale,
-    SpecAsk, SpecEnd, SpecDrafts, StageStep, StageStop, StageReady, StageFailed,
+    SpecAsk, SpecEnd, SpecDrafts, StageStep, StageStop, StageAssign, StageReady, StageFailed,
 )  # fmt: skip
 
 

@@ -52,6 +52,8 @@ SAMPLES = [
         ["bfloat16", "float32"],
     ),
     P.StageStop(),
+    P.StageAssign(2, "/m/llama.gguf", 4_920_000_000, [16, 32], 900, 16, "auto",
+                  "tcp://10.0.0.1:5602", "tcp://10.0.0.1:5603"),  # fmt: skip
     P.StageReady(1, "cpu", "CPU", [15, 30], 728, "torch int4"),
     P.StageFailed(1, "out of memory"),
 ]
@@ -70,7 +72,7 @@ def direction(msg: object) -> object:
         return P.WorkerToSpec
     if isinstance(msg, P.SpecDrafts):
         return P.SpecToWorker
-    if isinstance(msg, P.StageStep | P.StageStop):
+    if isinstance(msg, P.StageStep | P.StageStop | P.StageAssign):
         return P.StageToStage
     if isinstance(msg, P.StageReady | P.StageFailed):
         return P.StageToLead

@@ -53,6 +53,7 @@ class EngineConfig:
     stages: tuple[str, ...] = ()
     layer_split: tuple[int, ...] = ()
     memory_gib: tuple[float, ...] = ()  # each stage's memory cap (a GPU's allocations too)
+    stage_host: str = ""  # with remote stages: the address they reach this host at
 
 
 @dataclass

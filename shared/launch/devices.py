@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 _DEVICE = re.compile(r"cpu|cuda:\d+")
+_REMOTE = re.compile(r"tcp://[\w.\-]+:\d+")  # a pipeline's stage server on another host
 
 
 def cpu_count() -> int:
@@ -45,9 +46,14 @@ def resolve_devices(
     devices = [d.strip() for d in spec.split(",") if d.strip()]
     if not devices:
         raise ValueError("--devices is empty")
-    for d in devices:
+    for i, d in enumerate(devices):
+        if _REMOTE.fullmatch(d) and repeats and i > 0:
+            continue  # a later pipeline stage (repeats: a pipeline's devices)
         if not _DEVICE.fullmatch(d):
-            raise ValueError(f"--devices: {d!r} is not cpu or cuda:N")
+            raise ValueError(
+                f"--devices: {d!r} is not cpu or cuda:N (or, after the first device of a "
+                "--pipeline, tcp://HOST:PORT of a stage server)"
+            )
     if len(set(devices)) != len(devices) and not repeats:
         # Two workers on one device would each size their KV pool from the same free memory.
         raise ValueError(f"--devices names a device twice: {spec}")

@@ -52,6 +52,9 @@ def plan_stages(cfg, f: GGUFFile, kv_dtype: torch.dtype) -> tuple[list[int], int
     measured bandwidth so that the slowest stage is as fast as can be (shared.pipeline.plan).
     The plan's table goes to stderr. PlanError (a ValueError) says what does not fit."""
     mc = ModelConfig.from_gguf(f)
+    remote = [d for d in cfg.stages if d.startswith("tcp://")]
+    if remote:  # a stage server's device cannot be measured from here: the split is given
+        return _given_split(cfg, mc.n_layers, remote), 0
     per_token_layer = KVPool.bytes_per_block(
         1, 1, mc.n_kv_heads, mc.head_dim, kv_dtype, cfg.kv_scales
     )
@@ -70,6 +73,23 @@ def plan_stages(cfg, f: GGUFFile, kv_dtype: torch.dtype) -> tuple[list[int], int
     return list(chosen.layer_split), chosen.kv_blocks
 
 
+def _given_split(cfg, n_layers: int, remote: list[str]) -> list[int]:
+    split = list(cfg.layer_split)
+    if not split:
+        raise PlanError(
+            f"a pipeline with remote stages ({', '.join(remote)}) needs --layer-split: their "
+            "devices are not measured from here"
+        )
+    if len(split) != 1 + len(cfg.stages) or min(split) < 1 or sum(split) != n_layers:
+        raise PlanError(
+            f"layer split {','.join(map(str, split))}: one count of at least 1 per stage "
+            f"({1 + len(cfg.stages)}), summing to the model's {n_layers} layers"
+        )
+    print(f"pipeline split as asked: {split} (remote stages: {', '.join(remote)})",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return split
+
+
 def start_stages(cfg, kv: KVPool, model, split: list[int], max_len: int) -> Pipeline:
     """The stage processes after stage 0, each with its layers and kv's block count, ready
     (their decode steps captured as CUDA graphs on a GPU, as the worker's own are)."""
@@ -81,7 +101,7 @@ def start_stages(cfg, kv: KVPool, model, split: list[int], max_len: int) -> Pipe
     opts = StageOptions(
         cfg.model_path, kv.num_blocks, cfg.block_size, cfg.kv_dtype, cfg.cpu_weights,
         cfg.dense_copies, max_seqs=cfg.max_seqs, max_model_len=max_len,
-        cuda_graphs=cfg.cuda_graphs,
+        cuda_graphs=cfg.cuda_graphs, host=cfg.stage_host,
     )  # fmt: skip
     pipeline = Pipeline(model, kv, specs, opts, torch.device(cfg.device), getattr(torch, cfg.dtype))
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from shared.model.causal_lm import CausalLM
 from shared.pipeline.frames import read_step, send_step, stage_batch
 from shared.pipeline.span_step import SpanStep
 from shared.protocol import (
+    StageAssign,
     StageFailed,
     StageReady,
     StageStep,
@@ -45,6 +47,7 @@ from shared.protocol import (
 )
 
 READY_TIMEOUT_S = 600.0  # loading a stage's layers (a big file from a slow disk)
+REMOTE_STEP_TIMEOUT_S = 120.0  # a ring through another host: a step not back by then failed
 POLL_MS = 100  # how often a waiting stage 0 looks at its stages' processes
 
 
@@ -99,6 +102,11 @@ class StageSpec:
     def describe(self, i: int) -> str:
         return f"stage {i} ({self.device}, layers {self.first}-{self.last - 1})"
 
+    @property
+    def remote(self) -> bool:
+        """A stage server on another host (shared.pipeline.stage_server), named by endpoint."""
+        return self.device.startswith("tcp://")
+
 
 @dataclass(frozen=True)
 class StageOptions:
@@ -114,6 +122,7 @@ class StageOptions:
     max_seqs: int = 256  # the worker's: the decode graphs' buckets
     max_model_len: int = 8192  # the worker's: the graphs' block tables
     cuda_graphs: str = "all"  # "off": every stage runs eagerly
+    host: str = ""  # with remote stages: the address they reach this host at (default: its name's)
 
     def dtype(self, device: str) -> str:
         return "bfloat16" if device.startswith("cuda") else "float32"
@@ -139,19 +148,27 @@ class Pipeline:
         self.width = model.cfg.d_model
         self._step = 0
         self._dir = tempfile.mkdtemp(prefix=f"skiff-pipe-{os.getpid()}-")
-        ep = [f"ipc://{self._dir}/in{i}" for i in range(1, len(stages) + 1)]
-        self._ret, self._ctrl = f"ipc://{self._dir}/ret", f"ipc://{self._dir}/ctrl"
         self._ctx = zmq.Context()
+        self.remote = any(s.remote for s in stages)
+        # one host: ipc sockets; with a stage elsewhere, TCP on the address it reaches us at
+        host = (opts.host or socket.gethostbyname(socket.gethostname())) if self.remote else ""
+        ep = [s.device if s.remote else self._endpoint(host, f"in{i}")
+              for i, s in enumerate(stages, start=1)]  # fmt: skip
+        self._back, self._ret = self._bound(host, "ret")
+        self._lead, self._ctrl = self._bound(host, "ctrl")
         self._out = self._socket(zmq.PUSH, connect=ep[0])
-        self._back = self._socket(zmq.PULL, bind=self._ret)
-        self._lead = self._socket(zmq.PULL, bind=self._ctrl)
         self._enc = encoder()
         self._dec = decoder(StageToStage)
         self._dec_lead = decoder(StageToLead)
-        self.procs: list[subprocess.Popen] = []
+        self._assigners: list[zmq.Socket] = []
+        self.procs: list[subprocess.Popen | None] = []  # None: a remote stage
         for i, spec in enumerate(stages, start=1):
             nxt = ep[i] if i < len(stages) else self._ret
-            self.procs.append(self._spawn(i, spec, ep[i - 1], nxt))
+            if spec.remote:
+                self._assign(i, spec, nxt)
+                self.procs.append(None)
+            else:
+                self.procs.append(self._spawn(i, spec, ep[i - 1], nxt))
         self.ready: list[StageReady] = []
         self.graphs: StepGraphs | None = None  # stage 0's decode steps (capture_front)
         self._span: SpanStep | None = None
@@ -179,14 +196,43 @@ class Pipeline:
             raise AttributeError(name)
         return getattr(self.model, name)
 
-    def _socket(self, kind: int, bind: str = "", connect: str = "") -> zmq.Socket:
+    def _socket(self, kind: int, connect: str = "") -> zmq.Socket:
         s = self._ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
-        if bind:
-            s.bind(bind)
-        else:
+        if connect:
             s.connect(connect)
         return s
+
+    def _endpoint(self, host: str, name: str) -> str:
+        """A local stage's inbox: an ipc path, or with remote stages a free TCP port here."""
+        if not host:
+            return f"ipc://{self._dir}/{name}"
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return f"tcp://{host}:{s.getsockname()[1]}"
+
+    def _bound(self, host: str, name: str) -> tuple[zmq.Socket, str]:
+        """A PULL socket bound here and the endpoint the stages reach it at."""
+        sock = self._socket(zmq.PULL)
+        if not host:
+            endpoint = f"ipc://{self._dir}/{name}"
+            sock.bind(endpoint)
+            return sock, endpoint
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        return sock, f"tcp://{host}:{port}"
+
+    def _assign(self, i: int, spec: StageSpec, send: str) -> None:
+        """A remote stage's part, sent to its server (which answers on the control socket)."""
+        o = self.opts
+        sock = self._out if i == 1 else self._socket(zmq.PUSH, connect=spec.device)
+        if sock is not self._out:
+            self._assigners.append(sock)
+        msg = StageAssign(
+            i, o.model, os.path.getsize(o.model), [spec.first, spec.last], o.kv_blocks,
+            o.block_size, o.kv_dtype, send, self._ctrl, o.max_seqs, o.max_model_len,
+            o.cuda_graphs, o.dense_copies, o.cpu_weights,
+        )  # fmt: skip
+        sock.send(self._enc.encode(msg))
 
     def _spawn(self, i: int, spec: StageSpec, recv: str, send: str) -> subprocess.Popen:
         o = self.opts
@@ -231,12 +277,18 @@ class Pipeline:
             if isinstance(msg, StageFailed):
                 self._lost(msg)
         for i, (p, spec) in enumerate(zip(self.procs, self.stages, strict=True), start=1):
-            if p.poll() is not None:
+            if p is not None and p.poll() is not None:
                 raise StageLost(f"pipeline {spec.describe(i)} exited with code {p.returncode}")
 
     def _receive(self) -> tuple[StageStep, list[bytes]]:
+        deadline = time.monotonic() + REMOTE_STEP_TIMEOUT_S
         while not self._back.poll(POLL_MS):
             self._check()
+            if self.remote and time.monotonic() > deadline:  # no process here to watch
+                raise StageLost(
+                    f"pipeline: no step back within {REMOTE_STEP_TIMEOUT_S:.0f} s (a remote "
+                    "stage may be gone)"
+                )
         frames = self._back.recv_multipart()
         msg = self._dec.decode(frames[0])
         if not isinstance(msg, StageStep):
@@ -285,8 +337,13 @@ class Pipeline:
         """Stops the stages (StageStop round the ring; any left after 5 s are killed)."""
         with contextlib.suppress(zmq.ZMQError):
             self._out.send(self._enc.encode(StageStop()), zmq.NOBLOCK)
+        if self.remote:  # the stop goes round the ring through the remote stages
+            with contextlib.suppress(zmq.ZMQError):
+                self._back.poll(2000)
         deadline = time.monotonic() + 5
         for p in self.procs:
+            if p is None:
+                continue
             try:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -37,6 +37,7 @@ class WorkerConfig:
     stages: tuple[str, ...] = ()  # pipeline stages after `device`: their devices
     layer_split: tuple[int, ...] = ()  # layers per stage, `device`'s first (empty: planned)
     memory_gib: tuple[float, ...] = ()  # with stages: each stage's memory cap, `device`'s first
+    stage_host: str = ""  # with remote stages: the address they reach this host at
     worker_id: str = ""
 
     def resolved_id(self) -> str:
@@ -167,8 +168,15 @@ def parse_worker_args(
         "--stages",
         default=env("SKIFF_STAGES", ""),
         help="pipeline parallelism: the devices of the stages after --device's, comma-separated "
-        "(e.g. cuda:1 or cpu); each runs in a process of its own with a range of layers "
-        "(env SKIFF_STAGES; default none: one device holds the model)",
+        "(e.g. cuda:1 or cpu); each runs in a process of its own with a range of layers; "
+        "tcp://HOST:PORT names a stage server on another host (python -m "
+        "shared.pipeline.stage_server; needs --layer-split) (env SKIFF_STAGES; default none: "
+        "one device holds the model)",
+    )
+    p.add_argument(
+        "--stage-host",
+        default=env("SKIFF_STAGE_HOST", ""),
+        help="with remote stages: the address they reach this host at (default: its name's)",
     )
     p.add_argument(
         "--layer-split",
@@ -212,6 +220,7 @@ def parse_worker_args(
         stages=tuple(d.strip() for d in a.stages.split(",") if d.strip()),
         layer_split=_counts(p, a.layer_split),
         memory_gib=_gibs(p, a.memory_gib),
+        stage_host=a.stage_host,
         worker_id=a.worker_id,
         roles=roles,
     )

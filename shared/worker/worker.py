@@ -313,6 +313,7 @@ def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
             stages=cfg.stages,
             layer_split=cfg.layer_split,
             memory_gib=cfg.memory_gib,
+            stage_host=cfg.stage_host,
         )
     )
     engine = loaded.engine

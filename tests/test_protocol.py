@@ -52,8 +52,17 @@ SAMPLES = [
         ["bfloat16", "float32"],
     ),
     P.StageStop(),
-    P.StageAssign(2, "/m/llama.gguf", 4_920_000_000, [16, 32], 900, 16, "auto",
-                  "tcp://10.0.0.1:5602", "tcp://10.0.0.1:5603"),  # fmt: skip
+    P.StageAssign(
+        2,
+        "/m/llama.gguf",
+        4_920_000_000,
+        [16, 32],
+        900,
+        16,
+        "auto",
+        "tcp://10.0.0.1:5602",
+        "tcp://10.0.0.1:5603",
+    ),  # fmt: skip
     P.StageReady(1, "cpu", "CPU", [15, 30], 728, "torch int4"),
     P.StageFailed(1, "out of memory"),
 ]

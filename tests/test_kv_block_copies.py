@@ -105,3 +105,13 @@ def test_gpu_blocks_through_staging_into_pinned_slots(dtype: torch.dtype) -> Non
     load_blocks(back, targets, list(slots), staging=None)  # a staging buffer of its own
     torch.cuda.synchronize()
     assert _pool_bytes(back, targets) == _pool_bytes(cpu, BLOCKS)
+
+
+def test_copy_bench_reports_every_path_and_equal_bytes() -> None:
+    from tools.bench_copies import copy_bench
+
+    out = copy_bench("cpu", n_blocks=6, n_layers=2, kv_dtype="fp8", repeats=1)
+    assert out["bytes_equal"] is True
+    assert out["block_bytes"] == 2 * 2 * 16 * 8 * (128 + 4)  # fp8 and its float32 scales
+    for path in ("save_blocks", "save_block", "pinned_d2h", "load_blocks", "load_block"):
+        assert out[f"{path}_gbps"] > 0

@@ -102,6 +102,10 @@ def test_preempted_sequence_comes_back_from_the_ram_tier(
             assert tiers.stats["resumed"] >= 1
             assert tiers.stats["blocks_restored"] > 0, (tiers.stats, client.stats)
             assert tiers.timer.latency.count >= 1  # each restore timed
+            counts = tiers.counts()  # what the heartbeat carries
+            assert counts["resumed"] == tiers.stats["resumed"]
+            assert counts["restored_bytes"] == tiers.stats["blocks_restored"] * block_bytes(kv)
+            assert set(tiers.histograms()) == {"latency", "copy"}
         else:
             assert tiers.stats["resumed"] == 0 and tiers.stats["blocks_restored"] == 0
         assert [s.output_ids for s in seqs] == unpreempted

@@ -65,7 +65,7 @@ class KVTiers:
             "lookups": self.stats["lookups"], "timeouts": self.stats["timeouts"],
             "mismatches": self.stats["mismatches"], "no_slot": c["skipped_no_slot"],
             "restore_us": self.timer.copy_us, "resumed": self.stats["resumed"],
-            "restored_bytes": self.stats["blocks_restored"] * c.block_bytes,
+            "restored_bytes": self.stats["blocks_restored"] * self.client.block_bytes,
         }  # fmt: skip
 
     def histograms(self) -> dict[str, Histogram]:

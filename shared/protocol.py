@@ -93,6 +93,15 @@ class WorkerReady(_Msg, tag="ready"):
     protocol: int = PROTOCOL_VERSION
 
 
+class Histogram(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Observations (seconds) by bucket since the sender started: counts[i] of those in
+    (le[i-1], le[i]], the last count those above every bound; their sum."""
+
+    le: list[float]
+    counts: list[int]
+    sum: float = 0.0
+
+
 class Heartbeat(_Msg, tag="hb"):
     worker_id: str
     kv_blocks_used: int
@@ -110,6 +119,9 @@ class Heartbeat(_Msg, tag="hb"):
     # rows ("rows"), host microseconds filling the masks ("fill_us"), applying them
     # ("apply_us") and waiting first for the tokens of the step in flight ("catch_up_us")
     grammar: dict[str, int] = {}
+    # the KV tiers' restores as this worker timed them: "latency" from the lookup sent to the
+    # blocks in the pool, "copy" the RAM tier -> pool copies alone
+    kv_restore: dict[str, Histogram] = {}
 
 
 class Rejected(_Msg, tag="rej"):

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster import Cluster, free_port, http_json, start_service
 
@@ -93,6 +94,20 @@ def test_restored_from_ram_then_from_disk_and_corrupt_values_recomputed(
             if line.startswith("skiff_kv_tier_events") and 'event="restored"' in line
         ]
         assert restored and float(restored[0].split()[-1]) >= cached // BLOCK - 8, restored
+        # and its restores' times, a histogram per stage: the lookup's latency >= the copies'
+        seconds = {
+            (s.name, s.labels["stage"], s.labels.get("le")): s.value
+            for f in text_string_to_metric_families(text)
+            if f.name == "skiff_kv_restore_seconds"
+            for s in f.samples
+        }
+        for stage in ("latency", "copy"):
+            count = seconds[("skiff_kv_restore_seconds_count", stage, None)]
+            assert (
+                count >= 1 and seconds[("skiff_kv_restore_seconds_bucket", stage, "+Inf")] == count
+            )
+        lat_sum = seconds[("skiff_kv_restore_seconds_sum", "latency", None)]
+        assert 0 < seconds[("skiff_kv_restore_seconds_sum", "copy", None)] <= lat_sum < 5
     finally:
         c.stop()
         kv.stop()

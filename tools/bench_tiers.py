@@ -4,6 +4,14 @@ kvcache and the engine restart; the restore rate beside it.
 
     python -m tools.bench_tiers MODEL.gguf [--device cpu] [--prompt 2048] [--threads 2]
 
+With --copy-bench (no model): the block copies alone, between a KV pool of an 8B model's shape
+(32 layers, 8 KV heads of 128, blocks of 16 tokens; --kv-dtype) and pinned host slots, in GB/s:
+save_blocks / load_blocks (batched, through the staging buffer), save_block / load_block (piece
+by piece) and one plain pinned copy of the same bytes, each way. Blocks and slots in shuffled
+order, as a pool and a RAM tier hand them out.
+
+    python -m tools.bench_tiers --copy-bench --device cuda [--copy-blocks 1024]
+
 The engine runs in this process with the worker's tier code (``KVTiers``, ``TierClient``); the
 kvcache is a real `python -m services.kvcache` process. One JSON line.
 """
@@ -34,12 +42,23 @@ def _kvcache(endpoint: str, disk: str, shm: str, ram_gb: float) -> subprocess.Po
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("model")
+    p.add_argument("model", nargs="?")
     p.add_argument("--device", default="cpu")
     p.add_argument("--prompt", type=int, default=2048)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ram-gb", type=float, default=2.0)
+    p.add_argument("--copy-bench", action="store_true", help="block copies' GB/s, no model")
+    p.add_argument("--copy-blocks", type=int, default=1024, help="blocks moved per copy")
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--kv-dtype", default="float16", choices=["float16", "bfloat16", "fp8"])
     a = p.parse_args()
+    if a.copy_bench:
+        from tools.bench_copies import copy_bench
+
+        print(json.dumps(copy_bench(a.device, a.copy_blocks, a.layers, a.kv_dtype)), flush=True)
+        return
+    if a.model is None:
+        p.error("a model is needed (or --copy-bench)")
 
     import torch
     import zmq

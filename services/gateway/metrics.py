@@ -8,15 +8,43 @@ also drops the labels of workers that left.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
 
 from services.gateway.workers import WorkerRegistry
+from shared.protocol import Histogram as WireHistogram
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+
+
+class _RestoreHistograms:
+    """`skiff_kv_restore_seconds`: each worker's KV tier restore times as its last heartbeat
+    gave them (histograms the worker keeps; `render` hands over the set to expose)."""
+
+    def __init__(self) -> None:
+        self.latest: list[tuple[str, str, WireHistogram]] = []  # (worker, stage, histogram)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "skiff_kv_restore_seconds",
+            "KV tier restores per worker, from heartbeats: stage latency (lookup sent to the "
+            "blocks in the KV pool), stage copy (the RAM tier -> pool copies alone)",
+            labels=["worker", "stage"],
+        )
+        for worker, stage, h in self.latest:
+            buckets, total = [], 0
+            for le, n in zip([*h.le, float("inf")], h.counts, strict=True):
+                total += n
+                buckets.append((floatToGoString(le), total))
+            family.add_metric([worker, stage], buckets, h.sum)
+        yield family
 
 
 class GatewayMetrics:
@@ -58,8 +86,9 @@ class GatewayMetrics:
         )
         self.kv_tiers = Gauge(
             "skiff_kv_tier_events",
-            "KV tier events per worker since it started (stored, restored, lookups, timeouts, "
-            "mismatches, no_slot; restore_us: the restores' copy time), from heartbeats",
+            "KV tier events per worker since it started (stored, restored, restored_bytes, "
+            "lookups, timeouts, mismatches, no_slot, resumed: preempted sequences looked up; "
+            "restore_us: the restores' copy time), from heartbeats",
             ["worker", "event"],
             registry=r,
         )
@@ -91,6 +120,8 @@ class GatewayMetrics:
         self.workers_ready = Gauge(
             "skiff_workers_ready", "workers ready to take requests", registry=r
         )
+        self.kv_restore = _RestoreHistograms()
+        r.register(self.kv_restore)
 
     def render(self, workers: WorkerRegistry, moves: dict[str, int] | None = None) -> bytes:
         """The exposition text, with worker gauges (and the router's move counts) as of now."""
@@ -102,6 +133,7 @@ class GatewayMetrics:
         self.spec.clear()
         self.grammar.clear()
         waiting = 0
+        restores = []
         for w in workers.all_workers():
             hb = w.heartbeat
             if hb is None:
@@ -111,11 +143,15 @@ class GatewayMetrics:
             self.kv_free.labels(worker=w.worker_id).set(hb.kv_blocks_free)
             for event, n in hb.kv_tiers.items():
                 self.kv_tiers.labels(worker=w.worker_id, event=event).set(n)
+            for stage, h in hb.kv_restore.items():
+                if len(h.counts) == len(h.le) + 1:  # else malformed: not shown
+                    restores.append((w.worker_id, stage, h))
             for key, n in hb.spec.items():
                 event, _, source = key.partition(":")
                 self.spec.labels(worker=w.worker_id, event=event, source=source).set(n)
             for event, n in hb.grammar.items():
                 self.grammar.labels(worker=w.worker_id, event=event).set(n)
+        self.kv_restore.latest = restores
         self.queue_depth.set(waiting)
         self.workers_ready.set(len(workers.ready_workers()))
         return generate_latest(self.registry)

@@ -20,6 +20,7 @@ class KVStats:
     disk_hits: int = 0  # blocks missed in RAM, found (verified) on disk
     disk_misses: int = 0
     bytes_restored: int = 0  # disk -> RAM
+    ram_bytes_found: int = 0  # the blocks found in RAM (each worker copies them into its pool)
     puts: int = 0  # blocks indexed by a KVPut
     dedupes: int = 0  # blocks put whose hash RAM held already
     stale: int = 0  # messages of an earlier kvcache instance
@@ -36,7 +37,8 @@ def summary(stats: KVStats, ram: RamTier, disk: DiskTier) -> str:
         f"kvcache: RAM {ram.held_blocks} blocks {ram.held_bytes / 2**20:.0f} MiB, "
         f"disk {disk.blocks} blocks {disk.bytes / 2**20:.0f} MiB; "
         f"hits RAM {s.ram_hits} disk {s.disk_hits}, misses RAM {s.ram_misses} "
-        f"disk {s.disk_misses}; restored {s.bytes_restored / 2**20:.1f} MiB; puts {s.puts} "
+        f"disk {s.disk_misses}; found in RAM {s.ram_bytes_found / 2**20:.1f} MiB, restored "
+        f"from disk {s.bytes_restored / 2**20:.1f} MiB; puts {s.puts} "
         f"(dedupe {s.dedupes}); disk writes {disk.writes} dropped {disk.writes_dropped} "
         f"failed {disk.write_errors}; corrupt {disk.corrupt}; stale {s.stale}; "
         f"malformed {s.malformed}"
@@ -71,11 +73,26 @@ class KVCacheCollector:
         miss.add_metric(["ram"], s.ram_misses)
         miss.add_metric(["disk"], s.disk_misses)
         yield miss
+        restored = CounterMetricFamily(
+            "skiff_kvcache_restored_bytes",
+            "bytes restored per tier: ram, of the blocks lookups found there (each worker copies "
+            "them into its KV pool); disk, read from disk into RAM",
+            labels=["tier"],
+        )
+        restored.add_metric(["ram"], s.ram_bytes_found)
+        restored.add_metric(["disk"], s.bytes_restored)
+        yield restored
+        corrupt = CounterMetricFamily(
+            "skiff_kvcache_corrupt",
+            "entries dropped by a failed check (checksum, length, model key) per tier; the RAM "
+            "tier's blocks are checked by the workers (token ids) and counted there",
+            labels=["tier"],
+        )
+        corrupt.add_metric(["disk"], disk.corrupt)
+        yield corrupt
         for name, doc, value in (
-            ("restored_bytes", "bytes copied from disk into RAM", s.bytes_restored),
             ("puts", "blocks indexed by puts", s.puts),
             ("dedupes", "blocks put that RAM held already", s.dedupes),
-            ("corrupt", "disk entries dropped by a failed check", disk.corrupt),
             ("disk_writes", "blocks written to disk", disk.writes),
             ("disk_writes_dropped", "disk writes dropped on a full queue", disk.writes_dropped),
             ("disk_write_errors", "disk writes that failed", disk.write_errors),

@@ -180,6 +180,7 @@ class KVCacheService:
             hit = seg.find(h)
             if hit is not None:
                 self.stats.ram_hits += 1
+                self.stats.ram_bytes_found += seg.block_bytes
                 seg.pin(who, hit[0])
                 self.disk.touch(seg.model_key, h)
                 found.append(KVBlock(h, hit[0], hit[1]))

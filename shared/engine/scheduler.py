@@ -7,12 +7,15 @@ Prompts take turns by how much of them has been computed (``_prompt_order``). A 
 prompt first takes whatever full blocks of it the prefix cache holds and skips their
 computation. When a running sequence cannot grow, the newest running sequence is preempted
 (its blocks are freed but stay cached, so recomputing it mostly hits the prefix cache) rather
-than failing anyone.
+than failing anyone. When a preempted sequence fits again but the pool has lost some of its
+blocks meanwhile, `on_resume` (the KV tiers', when a worker has them) may take it aside to bring
+them back first; it returns through `add`, ahead of the prompts waiting.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from shared.engine.chunk_budget import ChunkBudget
 from shared.engine.sequence import SeqStatus, Sequence
@@ -45,10 +48,16 @@ class Scheduler:
         self.max_seqs = max_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # a preempted sequence about to run again: True when the hook took it (out of the
+        # waiting queue; it comes back through `add`)
+        self.on_resume: Callable[[Sequence], bool] | None = None
 
     def add(self, seq: Sequence) -> None:
         self.check(seq)
-        self.waiting.append(seq)
+        if seq.num_preemptions:  # back from `on_resume`: it keeps its place in the queue
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     def check(self, seq: Sequence) -> None:
         """ValueError if seq can never run here (empty, too long for the context or pool)."""
@@ -121,6 +130,8 @@ class Scheduler:
                     self.release(seq)
                     seq.num_computed = 0
                     admitting = False  # later prompts do not overtake it
+                    continue
+                if self._resume(seq, n):
                     continue
                 self.waiting.remove(seq)
                 seq.status = SeqStatus.RUNNING
@@ -206,6 +217,27 @@ class Scheduler:
         seq.num_computed = len(blocks) * self.block_size
         seq.num_cached_tokens = max(seq.num_cached_tokens, seq.num_computed)
 
+    def _resume(self, seq: Sequence, n: int) -> bool:
+        """A preempted sequence that fits again (its blocks reserved for n more tokens), but
+        whose full blocks the pool has partly lost meanwhile: True when `on_resume` takes it
+        aside (its blocks released) to bring those back before it runs. Asked once a
+        preemption."""
+        if not seq.swapped or self.on_resume is None:
+            return False
+        seq.swapped = False
+        if len(seq.block_hashes) >= (seq.num_tokens - 1) // self.block_size:
+            return False  # the pool holds every one
+        self.release(seq)
+        seq.num_computed = 0
+        if self.on_resume(seq):
+            self.waiting.remove(seq)
+            return True
+        # not taken (no tiers at present): as it was, on the blocks just released
+        self._match_prefix(seq)
+        if not self._reserve(seq, seq.num_computed + n):
+            raise AssertionError("the blocks a sequence released could not be taken again")
+        return False
+
     def _reserve(self, seq: Sequence, n_tokens: int) -> bool:
         need = self._blocks_for(n_tokens) - len(seq.block_table)
         if need <= 0:
@@ -221,6 +253,7 @@ class Scheduler:
         seq.num_computed = 0
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
+        seq.swapped = True
         self.waiting.appendleft(seq)
 
     def check_integrity(self) -> None:

@@ -35,6 +35,7 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # prompt tokens the prefix cache supplied
     num_preemptions: int = 0
+    swapped: bool = False  # preempted, not yet offered to the KV tiers (Scheduler.on_resume)
     # overlapped steps: a token sampled by the step still running on the device, not yet in
     # output_ids (its id is taken on the device by the next step), and its row in that step
     num_inflight: int = 0

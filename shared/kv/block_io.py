@@ -3,7 +3,13 @@ slots and disk values hold it. The layout: every layer's K block then its V bloc
 ([block_size, n_kv_heads, head_dim] each, in the pool's dtype), in layer order; with an FP8
 cache of per-token scales, then every layer's K and V scales ([block_size, n_kv_heads]
 float32). An FP8 cache of per-head scales has no per-block scales: its blocks are only
-meaningful beside the calibration that made them, so tiers refuse it (``tier_key``)."""
+meaningful beside the calibration that made them, so tiers refuse it (``tier_key``).
+
+`save_block` / `load_block` copy one block piece by piece (2 x n_layers copies of a few KiB
+each: fine on the CPU, slow over PCIe). `save_blocks` / `load_blocks` move many blocks at once:
+on a GPU every block's pieces are gathered, one indexed copy per pool tensor for a whole group
+of blocks, into a device `Staging` buffer that holds blocks in slot layout, and each block then
+crosses to (or from) its host slot as one contiguous copy of block_bytes (near PCIe speed)."""
 
 from __future__ import annotations
 
@@ -30,6 +36,15 @@ def tier_key(kv: KVPool, model_identity: bytes) -> str | None:
     shape = "x".join(str(d) for d in kv.k[0].shape[1:])
     text = f"{model_identity.decode(errors='replace')}|{kv.dtype}|{shape}|{len(kv.k)}"
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _pool_tensors(kv: KVPool) -> list[torch.Tensor]:
+    """The pool's tensors in slot order, each seen as bytes: [num_blocks, piece_bytes] uint8."""
+    parts = [t for layer in range(len(kv.k)) for t in (kv.k[layer], kv.v[layer])]
+    if kv.fp8:
+        scales = zip(kv.k_scale_store, kv.v_scale_store, strict=True)
+        parts += [s for pair in scales for s in pair]
+    return [p.view(torch.uint8).view(p.shape[0], -1) for p in parts]
 
 
 def _tensors(kv: KVPool, block: int) -> list[torch.Tensor]:
@@ -65,3 +80,104 @@ def load_block(kv: KVPool, block: int, buf: torch.Tensor) -> None:
     parts = _tensors(kv, block)
     for src, dst in zip(_views(buf, parts), parts, strict=True):
         dst.copy_(src, non_blocking=True)
+
+
+STAGING_BYTES = 64 << 20  # the device buffer a batched copy goes through, at most
+
+
+_WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+class Staging:
+    """A device buffer of whole blocks in slot layout ([rows, block_bytes] uint8, allocated
+    once) and, per pool tensor, its range in a row: where `save_blocks` gathers a group of
+    blocks and `load_blocks` scatters one from. The gathers move the widest words that every
+    piece's size allows (8 bytes for any real shape; byte by byte they were ~40x slower on
+    the CPU)."""
+
+    def __init__(self, kv: KVPool, max_bytes: int = STAGING_BYTES) -> None:
+        if kv.head_scales:
+            raise ValueError("an FP8 pool of per-head scales has no per-block scales to move")
+        self.block_bytes = block_bytes(kv)
+        self.rows = max(1, max_bytes // self.block_bytes)
+        pool = _pool_tensors(kv)
+        if sum(p.shape[1] for p in pool) != self.block_bytes:
+            raise ValueError(f"the pool's blocks do not fill a slot of {self.block_bytes} bytes")
+        word = next(w for w in _WORDS if all(p.shape[1] % w == 0 for p in pool))
+        self.pool = [p.view(_WORDS[word]) for p in pool]  # [num_blocks, piece words]
+        self.buf = torch.empty(
+            (self.rows, self.block_bytes), dtype=torch.uint8, device=kv.k[0].device
+        )
+        self.words = self.buf.view(_WORDS[word])  # [rows, block words]
+        self.ranges, off = [], 0
+        for p in self.pool:
+            self.ranges.append((off, off + p.shape[1]))
+            off += p.shape[1]
+
+    def groups(self, blocks: list[int]) -> list[tuple[int, torch.Tensor]]:
+        """(first, block ids on the device) for each group of at most `rows` blocks."""
+        dev = self.buf.device
+        out = []
+        for first in range(0, len(blocks), self.rows):
+            ids = torch.tensor(blocks[first : first + self.rows], dtype=torch.int64)
+            if dev.type == "cuda":
+                ids = ids.pin_memory().to(dev, non_blocking=True)
+            out.append((first, ids))
+        return out
+
+
+def _on_host(kv: KVPool) -> bool:
+    return not kv.k[0].is_cuda
+
+
+def save_blocks(
+    kv: KVPool, blocks: list[int], bufs: list[torch.Tensor], staging: Staging | None = None
+) -> None:
+    """Each block of `blocks` into its buf (uint8 [block_bytes] host memory), bytes as
+    save_block's. On the CPU without a staging buffer: save_block, block by block. On a
+    GPU: per group of blocks one gather per pool tensor into the staging
+    buffer (one made for this call if none is given), then one device->host copy per block,
+    all queued on the current stream; the caller waits for them (an event) before anyone
+    reads the bufs."""
+    if len(blocks) != len(bufs):
+        raise ValueError(f"{len(blocks)} blocks for {len(bufs)} buffers")
+    if staging is None and _on_host(kv):  # no staging: straight copies, piece by piece
+        for block, buf in zip(blocks, bufs, strict=True):
+            save_block(kv, block, buf)
+        return
+    st = staging or Staging(kv, min(STAGING_BYTES, len(blocks) * block_bytes(kv)))
+    for first, ids in st.groups(blocks):
+        n = ids.shape[0]
+        for src, (lo, hi) in zip(st.pool, st.ranges, strict=True):
+            torch.index_select(src, 0, ids, out=st.words[:n, lo:hi])
+        for row in range(n):
+            _check(bufs[first + row], st.block_bytes)
+            bufs[first + row].copy_(st.buf[row], non_blocking=True)
+
+
+def load_blocks(
+    kv: KVPool, blocks: list[int], bufs: list[torch.Tensor], staging: Staging | None = None
+) -> None:
+    """Each buf's bytes into its block of `blocks` (the reverse of save_blocks): on a GPU one
+    host->device copy per block into the staging buffer, then one indexed copy per pool
+    tensor for the group; queued on the current stream (the bufs stay untouched until an
+    event after this has passed)."""
+    if len(blocks) != len(bufs):
+        raise ValueError(f"{len(blocks)} blocks for {len(bufs)} buffers")
+    if staging is None and _on_host(kv):  # no staging: straight copies, piece by piece
+        for block, buf in zip(blocks, bufs, strict=True):
+            load_block(kv, block, buf)
+        return
+    st = staging or Staging(kv, min(STAGING_BYTES, len(blocks) * block_bytes(kv)))
+    for first, ids in st.groups(blocks):
+        n = ids.shape[0]
+        for row in range(n):
+            _check(bufs[first + row], st.block_bytes)
+            st.buf[row].copy_(bufs[first + row], non_blocking=True)
+        for dst, (lo, hi) in zip(st.pool, st.ranges, strict=True):
+            dst.index_copy_(0, ids, st.words[:n, lo:hi])
+
+
+def _check(buf: torch.Tensor, n: int) -> None:
+    if buf.dtype != torch.uint8 or buf.numel() != n:
+        raise ValueError(f"a slot of {buf.numel()} {buf.dtype} for a block of {n} bytes")

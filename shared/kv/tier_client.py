@@ -1,12 +1,16 @@
 """A worker's side of the kvcache service (RAM and disk tiers of KV blocks).
 
 The worker's loop thread owns it and calls it between steps; it never blocks:
-- `store(block, hash, tokens)` (the block manager's `on_commit`): a newly named block is copied
-  into a RAM slot granted ahead (none left, or a hash already stored: nothing happens); the
-  `KVPut` leaves once the copy has finished (on a GPU, an event after the step that wrote it).
+- `stage(block, hash, tokens)` (the block manager's `on_commit`): a newly named block is given
+  a RAM slot granted ahead (none left, or a hash already stored: nothing happens) and copied
+  into it with the others staged since, in one batch (`save_blocks`), at the next `poll()` or
+  `store()`; a full block is never written again, so its copy may wait until then.
+  `store(block, hash, tokens)` (`on_evict`, and a hand-off's partial block) copies at once,
+  with every block staged before it: the block is about to be overwritten (or freed).
+  The `KVPut` leaves once the copies have finished (on a GPU, an event after them).
 - `lookup(hashes)` asks for a prompt's blocks beyond the KV pool's; the `KVFound` comes back
-  through `poll()`, and `read(slot, block)` copies a found slot into a pool block; `release`
-  hands the slots back once those copies are done.
+  through `poll()`, and `read(reads)` copies found slots into pool blocks (`load_blocks`);
+  `release` hands the slots back once those copies are done.
 - `fence()` / `indexed(mark)`: whether every block stored so far is indexed by the kvcache (its
   grant has echoed the put's `upto`), for a prefill worker handing a prompt on.
 - a kvcache that is gone costs nothing but its misses: messages to it are dropped, lookups are
@@ -24,7 +28,7 @@ import numpy as np
 import torch
 import zmq
 
-from shared.kv.block_io import block_bytes, load_block, save_block
+from shared.kv.block_io import Staging, block_bytes, load_blocks, save_blocks
 from shared.kv.kv_pool import KVPool
 from shared.protocol import (
     KVAlive,
@@ -64,6 +68,9 @@ class TierClient:
         self.model_key = model_key
         self.block_bytes = block_bytes(kv)
         self.cuda = kv.k[0].is_cuda
+        # a GPU's batched copies go through this device buffer (allocated once, here); the
+        # CPU's copy straight
+        self.staging = Staging(kv) if self.cuda else None
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 1000)
@@ -73,6 +80,7 @@ class TierClient:
         self.slots: torch.Tensor | None = None  # the mapped segment: [slots, block_bytes] uint8
         self.granted: deque[int] = deque()
         self.known: OrderedDict[int, None] = OrderedDict()
+        self._staged: list[tuple[int, KVBlock]] = []  # (pool block, its slot and name): to copy
         self._puts: list[tuple[torch.cuda.Event | None, tuple[int, KVBlock]]] = []
         self._serial = 0  # blocks stored (copied into slots), ever
         self._acked = 0  # the highest `upto` a grant has echoed
@@ -148,6 +156,7 @@ class TierClient:
             self._hello()
         elif self.attached and now - self._sent_at > ALIVE_S:
             self._send(KVAlive(self.instance))
+        self.copy_out()
         self._flush()
         return found
 
@@ -176,6 +185,7 @@ class TierClient:
         self.instance, self.slots = None, None
         self.granted.clear()
         self.known.clear()
+        self._staged.clear()
         self._puts.clear()
         self._acked = self._serial  # what was in flight is lost, not pending
         self._releases.clear()
@@ -206,21 +216,37 @@ class TierClient:
         if len(self.known) > KNOWN_HASHES:
             self.known.popitem(last=False)
 
-    def store(self, block: int, h: int, tokens: tuple[int, ...]) -> None:
+    def stage(self, block: int, h: int, tokens: tuple[int, ...]) -> None:
+        """Block `block`, named h, to be copied into a granted slot by the next `copy_out`."""
         if not self.attached or h in self.known:
             return
         if not self.granted:
             self.stats["skipped_no_slot"] += 1
             return
-        slot = self.granted.popleft()
-        save_block(self.kv, block, self.slots[slot])
-        self._serial += 1
-        self._puts.append((self._event(), (self._serial, KVBlock(h, slot, list(tokens)))))
+        self._staged.append((block, KVBlock(h, self.granted.popleft(), list(tokens))))
         self._remember(h)
-        self.stats["stored"] += 1
+
+    def store(self, block: int, h: int, tokens: tuple[int, ...]) -> None:
+        """`stage` and `copy_out` now: the block is about to be reused or freed."""
+        self.stage(block, h, tokens)
+        self.copy_out()
+
+    def copy_out(self) -> None:
+        """The staged blocks into their slots, in one batch; their puts leave once done."""
+        if not self._staged:
+            return
+        staged, self._staged = self._staged, []
+        bufs = [self.slots[b.slot] for _, b in staged]
+        save_blocks(self.kv, [block for block, _ in staged], bufs, self.staging)
+        ev = self._event()
+        for _, b in staged:
+            self._serial += 1
+            self._puts.append((ev, (self._serial, b)))
+        self.stats["stored"] += len(staged)
 
     def fence(self) -> int:
-        """A mark for `indexed`: the blocks stored so far."""
+        """A mark for `indexed`: the blocks stored so far (those staged copied now)."""
+        self.copy_out()
         return self._serial
 
     def indexed(self, mark: int) -> bool:
@@ -241,10 +267,15 @@ class TierClient:
         self._send(KVLookup(self.instance, lookup_id, hashes))
         return lookup_id
 
-    def read(self, slot: int, block: int, h: int) -> None:
-        """A found slot's bytes into pool block `block`."""
-        load_block(self.kv, block, self.slots[slot])
-        self._remember(h)
+    def read(self, reads: list[tuple[KVBlock, int]]) -> None:
+        """Found slots' bytes into pool blocks: (the found block, the pool block) pairs, in
+        one batch (queued on a GPU: `release` waits for them)."""
+        if not reads:
+            return
+        bufs = [self.slots[b.slot] for b, _ in reads]
+        load_blocks(self.kv, [block for _, block in reads], bufs, self.staging)
+        for b, _ in reads:
+            self._remember(b.hash)
 
     def release(self, found: KVFound) -> None:
         if found.instance == self.instance and found.blocks:

@@ -111,6 +111,7 @@ class WorkerLoop:
             self.tiers.counts() if self.tiers is not None else {},
             self._spec_counts,
             self._grammar_counts,
+            self.tiers.histograms() if self.tiers is not None else {},
         )
 
     def run(self) -> None:

@@ -1,5 +1,6 @@
 """The CPU's C library (qdot.c: quantized matmuls; ops.c: norms, activations, RoPE and the KV
-write, attention), compiled on first use for this machine.
+write, attention; layers.c: a run of Llama-family layers in one call), compiled on first use
+for this machine.
 
 The sources are built with the system's C compiler (``cc -O3 -march=native -fopenmp``) into the
 cache directory, named by a hash of the source, the compiler's version and the CPU's flags, so
@@ -25,7 +26,7 @@ import torch  # noqa: F401 - loads torch's libgomp before the library's
 
 __all__ = ["compile_library", "load", "SOURCES"]
 
-SOURCES = [Path(__file__).with_name(n) for n in ("qdot.c", "ops.c")]
+SOURCES = [Path(__file__).with_name(n) for n in ("qdot.c", "ops.c", "layers.c")]
 HEADERS = [Path(__file__).with_name("half.h")]
 _FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _NATIVE = "-march=native"  # this CPU's instructions (AVX2, F16C where it has them)
@@ -105,7 +106,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.skiff_attention.argtypes = [
         _P, _P, _P, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I, _F, _I, _P,
     ]  # fmt: skip
-    for name in ("skiff_add_rms_norm", "skiff_gated_act", "skiff_rope_kv", "skiff_attention"):
+    lib.skiff_llama_layers.argtypes = [_P, _I, _P, _P, _P, _I]
+    for name in ("skiff_add_rms_norm", "skiff_gated_act", "skiff_rope_kv", "skiff_attention",
+                 "skiff_llama_layers"):  # fmt: skip
         getattr(lib, name).restype = None
     lib.skiff_supported.argtypes = [_I]
     lib.skiff_supported.restype = _I

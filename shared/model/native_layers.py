@@ -1,0 +1,150 @@
+"""A Llama-family model's decoder layers on the CPU in one call of the compiled library
+(shared/cpu/layers.c) instead of ~10 ops a layer through Python: the same ops in the same
+order, so the same values bit for bit; the step saves the calls' overhead (SmolLM2's decode
+step spent ~7 of its 16 ms in Python and torch's allocator between the ops).
+
+Taken where every layer is plain: the native ops (NativeOps), every projection multiplied
+from its GGUF blocks (QuantLinear.native), no QK-norm, a float32 or float16 cache, float32
+activations on the CPU. Anything else keeps the modules' path (``NativeLayers.build`` answers
+None, or ``run`` declines a step).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+from shared.kv import KVPool
+from shared.model.batch import ForwardBatch
+from shared.model.linear import QuantLinear, SplitLinear
+
+_F32, _CACHES = torch.float32, (torch.float32, torch.float16)
+_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+
+
+class _Part(ctypes.Structure):
+    _fields_ = [("type", _I), ("w", _P), ("row_bytes", _L), ("n", _I), ("bias", _P)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("attn_norm", _P), ("ffn_norm", _P), ("qkv", _Part * 3), ("n_qkv", _I), ("wo", _Part),
+        ("gate_up", _Part * 2), ("n_gate_up", _I), ("down", _Part), ("k_cache", _P),
+        ("v_cache", _P), ("rope_dim", _I), ("inv_freq", _P), ("rope_scale", _F), ("window", _I),
+    ]  # fmt: skip
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [
+        ("t", _I), ("d_model", _I), ("hq", _I), ("hk", _I), ("hd", _I), ("ffn", _I),
+        ("neox", _I), ("half_cache", _I), ("gelu", _I), ("eps", _F), ("attn_scale", _F),
+        ("positions", _P), ("slots", _P), ("block_tables", _P), ("width", _I), ("qstart", _P),
+        ("seq_lens", _P), ("n_seqs", _I), ("block_size", _I), ("simd", _I),
+    ]  # fmt: skip
+
+
+def _parts(module: QuantLinear | SplitLinear) -> list[QuantLinear] | None:
+    parts = list(module.parts) if isinstance(module, SplitLinear) else [module]
+    if any(p.native is None or p.kernel_error is not None for p in parts):
+        return None
+    return parts
+
+
+def _part(p: QuantLinear) -> _Part:
+    w = p.native
+    bias = p.bias.data_ptr() if p.bias is not None else None
+    return _Part(w.qtype, w.rows.data_ptr(), w.rows.shape[1], w.shape[0], bias)
+
+
+class NativeLayers:
+    """The layers' pointers, made once (weights, norms, RoPE angles; the caches per pool)."""
+
+    def __init__(self, model, lib: ctypes.CDLL, layers: list[tuple]) -> None:
+        self.model, self.lib = model, lib
+        self._layers = layers  # (attn_norm, ffn_norm, qkv parts, wo, gate_up parts, down, ...)
+        self._tables: dict[int, ctypes.Array] = {}  # by the KV pool's id
+
+    @classmethod
+    def build(cls, model) -> NativeLayers | None:
+        """None where some layer is not plain (module docstring) or the library is absent."""
+        ops = model.ops
+        if os.environ.get("SKIFF_CPU_LAYERS", "1") == "0":  # the modules' path (A/B, tests)
+            return None
+        if getattr(ops, "name", "") != "native" or not model.layers:
+            return None
+        layers = []
+        for layer in model.layers:
+            attn, mlp = layer.attn, layer.mlp
+            qkv, wo = _parts(attn.qkv), _parts(attn.wo)
+            gate_up = _parts(mlp.gate_up) if mlp.gated is None else None
+            down = _parts(mlp.down)
+            if attn.q_norm is not None or None in (qkv, wo, gate_up, down):
+                return None
+            if len(qkv) > 3 or len(gate_up) > 2:
+                return None
+            vectors = [layer.attn_norm, layer.ffn_norm]
+            vectors += [p.bias for p in qkv + wo + gate_up + down if p.bias is not None]
+            if any(v.dtype != _F32 or not v.is_contiguous() for v in vectors):
+                return None
+            layers.append((layer.attn_norm, layer.ffn_norm, qkv, wo[0], gate_up, down[0], attn))
+        return cls(model, ops.lib, layers)
+
+    def _table(self, kv: KVPool) -> ctypes.Array:
+        table = self._tables.get(id(kv))
+        if table is not None and table._kv is kv:
+            return table
+        ops = self.model.ops
+        table = (_Layer * len(self._layers))()
+        for i, (an, fn, qkv, wo, gu, down, attn) in enumerate(self._layers):
+            dim, base, scale, factors = attn.rope
+            angles = ops._angles(dim, base, factors)
+            L = table[i]
+            L.attn_norm, L.ffn_norm = an.data_ptr(), fn.data_ptr()
+            for j, p in enumerate(qkv):
+                L.qkv[j] = _part(p)
+            L.n_qkv = len(qkv)
+            L.wo = _part(wo)
+            for j, p in enumerate(gu):
+                L.gate_up[j] = _part(p)
+            L.n_gate_up, L.down = len(gu), _part(down)
+            L.k_cache, L.v_cache = kv.k[attn.layer].data_ptr(), kv.v[attn.layer].data_ptr()
+            L.rope_dim, L.inv_freq, L.rope_scale = dim, angles.data_ptr(), scale
+            L.window = attn.sliding_window
+        table._kv = kv  # the pool it points into (an id may be reused)
+        self._tables = {id(kv): table}
+        return table
+
+    def usable(self, x: torch.Tensor, kv: KVPool) -> bool:
+        """Whether this step's activations and cache are the library's."""
+        return (
+            x.dtype == _F32
+            and x.device.type == "cpu"
+            and kv.k[0].dtype in _CACHES
+            and kv.v[0].dtype == kv.k[0].dtype
+        )
+
+    def run(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, residual) after every layer: LlamaForCausalLM.run_layers' result."""
+        cfg = self.model.cfg
+        t = x.shape[0]
+        out = x.contiguous().clone()
+        res = torch.empty_like(out) if residual is None else residual.contiguous().clone()
+        positions, slots = batch.positions.contiguous(), batch.slot_mapping.contiguous()
+        tables = batch.block_tables.contiguous()
+        qstart, seq_lens = batch.query_start_loc_t.contiguous(), batch.seq_lens_t.contiguous()
+        step = _Step(
+            t, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
+            int(cfg.rope_neox), int(kv.k[0].dtype == torch.float16), 0, cfg.rms_eps,
+            cfg.attn_scale, positions.data_ptr(), slots.data_ptr(), tables.data_ptr(),
+            tables.shape[1], qstart.data_ptr(), seq_lens.data_ptr(), len(batch.seq_lens),
+            kv.k[0].shape[1], 1,
+        )  # fmt: skip
+        self.lib.skiff_llama_layers(
+            self._table(kv), len(self._layers), ctypes.byref(step), out.data_ptr(),
+            res.data_ptr(), int(residual is not None),
+        )  # fmt: skip
+        return out, res

@@ -1,5 +1,6 @@
-"""W5 (BENCHMARKS.md) on the CPU worker: n-gram speculation on code edits and on prose, single
-stream, `skiff serve` with `--spec off` against its default (`--spec ngram`), same run.
+"""W5 (BENCHMARKS.md) on the CPU worker: speculation on code edits and on prose, single stream,
+`skiff serve` with `--spec off` against its default (`--spec ngram`) and, with `--spec
+draft:PATH`, a draft model too, same run.
 
 Per configuration a server is started (KV tiers off), the prompts of tools/w5_workload are asked
 one at a time (greedy, streamed), and the gateway's /metrics gives the drafted and accepted
@@ -7,6 +8,7 @@ tokens and the verified steps. Decode tok/s is a request's tokens after its firs
 from its first to its last. A benchmark, not a test.
 
 Usage: python -m tools.bench_spec MODEL.gguf [--prompts 10] [--max-tokens 128]
+           [--spec off --spec ngram --spec draft:DRAFT.gguf]  (default: off and ngram)
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from tools.bench_serving import session, stream
 from tools.cpu_server import cpu_server
 from tools.w5_workload import code_edits, prose
 
-CONFIGS = {"off": ("--spec", "off"), "ngram": ()}
+DEFAULT_CONFIGS = ("off", "ngram")
+
+
+def _name(spec: str) -> str:
+    return "draft" if spec.startswith("draft:") else spec
+
+
 SERVE = ("--kv-ram-gb", "0", "--kv-disk-gb", "0")
 
 
@@ -61,10 +69,11 @@ async def _ask(url: str, prompts: list[str], max_tokens: int) -> list[float]:
     return rates
 
 
-def run(model: Path, config: str, port: int, a: argparse.Namespace) -> list[dict]:
+def run(model: Path, spec: str, port: int, a: argparse.Namespace) -> list[dict]:
     out = []
+    config = _name(spec)
     log = Path(a.logs) / f"spec-{model.stem}-{config}.log"
-    with cpu_server(model, port, (*SERVE, *CONFIGS[config]), log) as url:
+    with cpu_server(model, port, (*SERVE, "--spec", spec), log) as url:
         asyncio.run(_ask(url, prose(1), 8))  # warm-up
         for name, prompts in (("code-edit", code_edits(a.prompts)), ("prose", prose(a.prompts))):
             before = _spec_counts(url)
@@ -76,6 +85,7 @@ def run(model: Path, config: str, port: int, a: argparse.Namespace) -> list[dict
             r = {
                 "model": model.name,
                 "config": config,
+                **({"draft": Path(spec[6:]).name} if config == "draft" else {}),
                 "workload": name,
                 "decode_tok_s_median": round(statistics.median(rates), 2),
                 "decode_tok_s_mean": round(statistics.fmean(rates), 2),
@@ -95,15 +105,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--port", type=int, default=8125)
     p.add_argument("--logs", default="/tmp")
+    p.add_argument(
+        "--spec", action="append", default=None, help="off, ngram or draft:PATH (repeatable)"
+    )
     a = p.parse_args(argv)
-    rows = [r for c in CONFIGS for r in run(a.model, c, a.port, a)]
-    print("\n| model | workload | off tok/s | ngram tok/s | speed-up | accepted / verified step |")
+    specs = a.spec or list(DEFAULT_CONFIGS)
+    if "off" not in specs:
+        specs.insert(0, "off")  # the baseline every speed-up is against
+    rows = [r for spec in specs for r in run(a.model, spec, a.port, a)]
+    print("\n| model | workload | config | tok/s | speed-up | accepted / verified step |")
     for w in ("code-edit", "prose"):
         off = next(r for r in rows if r["config"] == "off" and r["workload"] == w)
-        on = next(r for r in rows if r["config"] == "ngram" and r["workload"] == w)
-        x = on["decode_tok_s_mean"] / off["decode_tok_s_mean"]
-        print(f"| {a.model.name} | {w} | {off['decode_tok_s_mean']} | {on['decode_tok_s_mean']} "
-              f"| {x:.2f}x | {on['accepted_per_verified_step']} |")  # fmt: skip
+        for on in (r for r in rows if r["config"] != "off" and r["workload"] == w):
+            x = on["decode_tok_s_mean"] / off["decode_tok_s_mean"]
+            print(f"| {a.model.name} | {w} | {on['config']} | {on['decode_tok_s_mean']} "
+                  f"(off {off['decode_tok_s_mean']}) | {x:.2f}x "
+                  f"| {on['accepted_per_verified_step']} |")  # fmt: skip
     return 0
 
 

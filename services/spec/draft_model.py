@@ -51,7 +51,7 @@ class DraftState:
 class DraftStats:
     forwards: int = 0  # model steps (a prompt piece or a decode, all asked sequences in one)
     seconds: float = 0.0  # their time, logits and argmax included
-    fed: int = 0  # tokens computed (seen for the first time, or recomputed after an eviction)
+    fed: int = 0  # tokens computed: unseen ones (or recomputed after an eviction), guesses fed
     reused: int = 0  # guesses that came true: their K/V kept
     evicted: int = 0  # states dropped to make room
     too_long: int = 0  # asks answered with no draft: the sequence does not fit
@@ -97,11 +97,13 @@ class DraftModel:
         return len(st.tokens) if st is not None else 0
 
     def cut(self, key: Hashable, start: int) -> None:
-        """The sequence's copy changed from `start` on: its K/V past there no longer holds."""
+        """The sequence's copy changed from `start` on: its K/V past there no longer holds (a
+        copy extended at its end keeps it all: guesses past the copy's end are checked when
+        asked)."""
         st = self._states.get(key)
-        if st is not None and len(st.tokens) > start:
+        if st is not None and start < st.own:
             del st.tokens[start:]
-            st.own = min(st.own, start)
+            st.own = start
 
     def forget(self, key: Hashable) -> None:
         st = self._states.pop(key, None)
@@ -201,6 +203,7 @@ class DraftModel:
             for i, st in going:
                 chunks.append(SeqChunk([out[i][-1]], len(st.tokens), st.blocks, "last"))
                 st.tokens.append(out[i][-1])
+            self.stats.fed += len(chunks)
             for (i, _), tok in zip(going, self._step(chunks), strict=True):
                 out[i].append(tok)
 

@@ -10,8 +10,9 @@ so tests drive it directly).
   code edit copies its prompt); the draft model costs a forward per guessed token, so it runs
   only where they find nothing. An item with no copy from its start on goes to `unknown` (the
   worker resends it from 0) and gets none.
-- `SpecEnd`: the sequences are forgotten (the draft model's K/V of them freed); a finished sequence with a domain first teaches that
-  domain's table its output (a sequence evicted by the bound teaches nothing). No reply.
+- `SpecEnd`: the sequences are forgotten (the draft model's K/V of them freed); a finished
+  sequence with a domain first teaches that domain's table its output (a sequence evicted by
+  the bound teaches nothing). No reply.
 - A malformed message is counted and ignored; it never stops the loop.
 
 The loop answers in arrival order, so an ask waits behind the ones before it: a sequence's

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from services.spec.draft_model import BLOCK_SIZE, DraftModel
-from services.spec.metrics import SpecStats, summary
+from services.spec.metrics import SpecCollector, SpecStats, summary
 from services.spec.sequences import LiveSequences
 from services.spec.service import SpecService
 from services.spec.vocab_check import VocabMismatch, check_vocab
@@ -174,6 +174,10 @@ def test_the_service_asks_the_draft_where_prompt_lookup_finds_nothing(
     assert (b"w", 1) in small and (b"w", 2) not in small  # the draft never ran for seq 2
     assert svc.stats.drafts["draft"] == 1 and svc.stats.draft_tokens["draft"] == 4
     assert "draft 1 (4 tokens)" in summary(svc.stats, seqs, None, small)
+    metrics = {m.name: m for m in SpecCollector(svc.stats, seqs, None, small).collect()}
+    steps = {s.name: s.value for s in metrics["skiff_spec_draft_step_seconds"].samples}
+    assert steps["skiff_spec_draft_step_seconds_count"] == small.stats.forwards > 0
+    assert steps["skiff_spec_draft_step_seconds_sum"] == small.stats.seconds > 0
     ask(SpecSeq(3, 0, ids[5:25], 2))  # a third sequence: the service's LRU evicts seq 1 ...
     assert (b"w", 1) not in small and (b"w", 3) in small  # ... and its draft state with it
     svc.handle([b"w", enc.encode(SpecEnd([3]))])

@@ -119,7 +119,9 @@ def test_spec_draft_starts_the_spec_service_with_the_draft_and_the_target(tmp_pa
     argv = plan.services["spec"]
     assert argv[:5] == ["py", "-m", "services.spec", "--endpoint", endpoints.spec]
     assert _flag(argv, "--draft") == str(draft) and _flag(argv, "--target") == "/m.gguf"
-    assert _flag(plan.workers["worker cpu"], "--spec") == endpoints.spec
+    worker = plan.workers["worker cpu"]
+    # the worker waits for a draft model's guesses longer than for the n-grams'
+    assert _flag(worker, "--spec") == endpoints.spec and _flag(worker, "--spec-wait-ms") == "300"
     for bad in ("draft:", "draft:/no/such.gguf", "lookup"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "/m.gguf", "--spec", bad])

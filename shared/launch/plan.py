@@ -12,6 +12,7 @@ from pathlib import Path
 from shared.launch.devices import cpu_count, resolve_devices
 from shared.launch.spec_flag import HELP as SPEC_HELP
 from shared.launch.spec_flag import parse_spec, spec_service_argv
+from shared.launch.spec_flag import worker_args as spec_worker_args
 
 DTYPES = ("float32", "float16", "bfloat16")
 # The checkout this module runs from; children get it on PYTHONPATH so that they run the same code
@@ -345,7 +346,7 @@ def plan_processes(
     spec_devices = [d for d in devices if d == "cpu"]
     if endpoints.spec and config.spec != "off" and spec_devices:
         services["spec"] = spec_service_argv(python, endpoints.spec, config.spec, model)
-    spec_extra = (
+    spec_extra = spec_worker_args(config.spec) + (
         ["--spec-max-tokens", str(config.spec_max_tokens)] if config.spec_max_tokens else []
     )
     roles = [("worker", "services.decode", d) for d in devices]

@@ -2,7 +2,8 @@
 
 - `ngram` (the default): the n-gram proposers (prompt lookup, the domain tables);
 - `draft:PATH`: those, and a draft model (a GGUF with the served model's vocabulary) where they
-  find nothing; the spec service gets `--draft PATH --target MODEL` and checks the vocabularies
+  find nothing; the spec service gets `--draft PATH --target MODEL` (and the workers a longer
+  wait for proposals, `--spec-wait-ms`), and checks the vocabularies
   itself, and `skiff serve` checks them before it starts anything (`check_draft`), so a wrong
   file fails once, with the reason, not in a service restarted again and again;
 - `off`: no spec service, no drafts.
@@ -14,6 +15,10 @@ import argparse
 from pathlib import Path
 
 DRAFT = "draft:"
+# With a draft model a step waits this long at most for its guesses (the n-gram proposers'
+# 2 ms grace would find them late every time); tuned on SmolLM2 on two cores (spec_flag's
+# caller reports the figures in its commit)
+DRAFT_WAIT_MS = 300
 HELP = (
     "speculative decoding, verified in the decode steps of CPU workers: ngram (default: drafts "
     "from the spec service's n-gram proposers, prompt lookup), draft:PATH (those, then a draft "
@@ -43,6 +48,11 @@ def spec_service_argv(python: str, endpoint: str, spec: str, model: str) -> list
     if draft := draft_path(spec):
         argv += ["--draft", draft, "--target", model]
     return argv
+
+
+def worker_args(spec: str) -> list[str]:
+    """A speculating worker's flags for this --spec value (beyond the endpoint's)."""
+    return ["--spec-wait-ms", str(DRAFT_WAIT_MS)] if draft_path(spec) else []
 
 
 def check_draft(spec: str, model: str) -> str | None:

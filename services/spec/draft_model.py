@@ -84,6 +84,15 @@ class DraftModel:
         self.n_layers = n_layers
         self._states: OrderedDict[Hashable, DraftState] = OrderedDict()  # least recent first
         self.stats = DraftStats()
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One short proposal before serving: the first forwards pay for first allocations
+        (over a second on the CPU, past a worker's patience for an answer)."""
+        key = object()
+        self.propose([(key, [1] * 20, 2)])
+        self.forget(key)
+        self.stats = DraftStats()
 
     def __len__(self) -> int:
         return len(self._states)

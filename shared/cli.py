@@ -16,6 +16,7 @@ import sys
 import time
 
 from shared import launch
+from shared.launch.spec_flag import check_draft
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -122,7 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        return launch.serve(launch.ServeConfig.from_args(args))
+        config = launch.ServeConfig.from_args(args)
+        if why := check_draft(config.spec, str(config.model)):
+            print(f"skiff serve: {why}", file=sys.stderr)
+            return 2
+        return launch.serve(config)
     if args.command == "generate":
         return _generate(args)
     if args.command == "spec":

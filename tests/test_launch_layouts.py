@@ -106,3 +106,22 @@ def test_a_pipeline_is_one_worker_over_the_devices() -> None:
     assert launch.resolve_devices("cpu,cpu", _no_cuda, repeats=True) == ["cpu", "cpu"]
     with pytest.raises(ValueError, match="twice"):
         launch.resolve_devices("cpu,cpu", _no_cuda)
+
+
+def test_spec_draft_starts_the_spec_service_with_the_draft_and_the_target(tmp_path: Path) -> None:
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(b"GGUF")
+    endpoints = Endpoints(*(f"tcp://127.0.0.1:{p}" for p in (5001, 5002, 5003, 5004)))
+    args = build_parser().parse_args(["serve", "/m.gguf", "--spec", f"draft:{draft}"])
+    config = ServeConfig.from_args(args)
+    assert config.spec == f"draft:{draft}"
+    plan = launch.plan_processes(config, ["cpu"], endpoints, python="py")
+    argv = plan.services["spec"]
+    assert argv[:5] == ["py", "-m", "services.spec", "--endpoint", endpoints.spec]
+    assert _flag(argv, "--draft") == str(draft) and _flag(argv, "--target") == "/m.gguf"
+    worker = plan.workers["worker cpu"]
+    # the worker waits for a draft model's guesses longer than for the n-grams'
+    assert _flag(worker, "--spec") == endpoints.spec and _flag(worker, "--spec-wait-ms") == "300"
+    for bad in ("draft:", "draft:/no/such.gguf", "lookup"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "/m.gguf", "--spec", bad])

@@ -5,6 +5,7 @@ unknown sequence is sent whole again, and a missing or silent service costs no w
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -40,9 +41,9 @@ def _recv(sock: zmq.Socket) -> tuple[bytes, SpecAsk]:
     return who, decoder(WorkerToSpec).decode(frame)
 
 
-def _client(ctx, endpoint) -> tuple[SpecClient, list[str]]:
+def _client(ctx, endpoint, wait_s: float = 0.0) -> tuple[SpecClient, list[str]]:
     logs: list[str] = []
-    client = SpecClient(ctx, endpoint, "w0", logs.append)
+    client = SpecClient(ctx, endpoint, "w0", logs.append, wait_s)
     deadline = time.monotonic() + 2
     while time.monotonic() < deadline:  # IMMEDIATE: sends fail until the TCP link is up
         client.ask([])
@@ -139,4 +140,31 @@ def test_a_silent_or_missing_service_costs_no_waiting(router, monkeypatch) -> No
     lone.ask([seq])
     assert not lone.up and lone.stats["dropped_sends"] == 1
     lone.close()
+    client.close()
+
+
+def test_with_a_set_wait_every_answer_out_is_waited_for_up_to_it(router) -> None:
+    """A draft model's guesses take forwards: the worker set to wait takes an answer that comes
+    80 ms after the ask's (which the default grace would find late), behind an earlier one."""
+    ctx, sock, endpoint = router
+    client, _ = _client(ctx, endpoint, wait_s=0.5)
+    seq = _seq(1, [5, 6], [7])
+    client.introduce(_seq(2, [1], []))
+    client.ask([seq])
+    who, _ = _recv(sock)
+    _recv(sock)
+    sock.send_multipart([who, encoder().encode(SpecDrafts([]))])  # the introduction's: at once
+
+    def answer_later() -> None:
+        time.sleep(0.08)
+        sock.send_multipart([who, encoder().encode(SpecDrafts([SpecDraft(1, 3, [8, 9], "draft")]))])
+
+    t0 = time.perf_counter()
+    later = threading.Thread(target=answer_later)
+    later.start()
+    client.collect({1: seq}, last_step_s=0.02)
+    waited = time.perf_counter() - t0
+    later.join()
+    assert seq.draft == [8, 9] and seq.draft_source == "draft" and not client._out
+    assert 0.07 < waited < 0.45, waited  # as long as the answer took, not the whole wait
     client.close()

@@ -136,7 +136,7 @@ def test_summary_and_collector_report_the_counts() -> None:
     assert metrics["skiff_spec_sequences"].samples[0].value == 1
     assert metrics["skiff_spec_unknown"].samples[0].value == 1
     by_source = {s.labels["source"]: s.value for s in metrics["skiff_spec_draft_tokens"].samples}
-    assert by_source == {"prompt": 2, "table": 0}
+    assert by_source == {"prompt": 2, "table": 0, "draft": 0}
 
 
 def test_a_domain_table_learns_ended_outputs_and_drafts_where_lookup_finds_none(

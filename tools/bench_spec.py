@@ -1,12 +1,15 @@
-"""W5 (BENCHMARKS.md) on the CPU worker: n-gram speculation on code edits and on prose, single
-stream, `skiff serve` with `--spec off` against its default (`--spec ngram`), same run.
+"""W5 (BENCHMARKS.md) on the CPU worker: speculation on code edits and on prose, single stream,
+`skiff serve` with `--spec off` against its default (`--spec ngram`) and, with `--spec
+draft:PATH`, a draft model too, same run.
 
-Per configuration a server is started (KV tiers off), the prompts of tools/w5_workload are asked
-one at a time (greedy, streamed), and the gateway's /metrics gives the drafted and accepted
-tokens and the verified steps. Decode tok/s is a request's tokens after its first over the time
-from its first to its last. A benchmark, not a test.
+A server per configuration is started (KV tiers off), all at once; the prompts of
+tools/w5_workload are asked one at a time (greedy, streamed), each of every server in turn (so
+load beside the benchmark weighs on every configuration alike), and each gateway's /metrics
+gives the drafted and accepted tokens and the verified steps. Decode tok/s is a request's tokens
+after its first over the time from its first to its last. A benchmark, not a test.
 
 Usage: python -m tools.bench_spec MODEL.gguf [--prompts 10] [--max-tokens 128]
+           [--spec off --spec ngram --spec draft:DRAFT.gguf]  (default: off and ngram)
 """
 
 from __future__ import annotations
@@ -18,13 +21,20 @@ import statistics
 import sys
 import time
 import urllib.request
+from contextlib import ExitStack
 from pathlib import Path
 
 from tools.bench_serving import session, stream
 from tools.cpu_server import cpu_server
 from tools.w5_workload import code_edits, prose
 
-CONFIGS = {"off": ("--spec", "off"), "ngram": ()}
+DEFAULT_CONFIGS = ("off", "ngram")
+
+
+def _name(spec: str) -> str:
+    return "draft" if spec.startswith("draft:") else spec
+
+
 SERVE = ("--kv-ram-gb", "0", "--kv-disk-gb", "0")
 
 
@@ -61,31 +71,50 @@ async def _ask(url: str, prompts: list[str], max_tokens: int) -> list[float]:
     return rates
 
 
-def run(model: Path, config: str, port: int, a: argparse.Namespace) -> list[dict]:
-    out = []
-    log = Path(a.logs) / f"spec-{model.stem}-{config}.log"
-    with cpu_server(model, port, (*SERVE, *CONFIGS[config]), log) as url:
-        asyncio.run(_ask(url, prose(1), 8))  # warm-up
+def _label(spec: str) -> str:
+    """A configuration's name in the results: the draft's file name for a draft model."""
+    return f"draft:{Path(spec[6:]).name}" if spec.startswith("draft:") else spec
+
+
+def run(model: Path, specs: list[str], a: argparse.Namespace) -> list[dict]:
+    """Every configuration's server up at once (idle but one), each prompt asked of each in
+    turn: a machine whose load changes (other work beside it) weighs on all alike."""
+    with ExitStack() as stack:
+        urls = {}
+        for i, spec in enumerate(specs):
+            log = Path(a.logs) / f"spec-{model.stem}-{_name(spec)}-{i}.log"
+            args = (*SERVE, "--spec", spec)
+            urls[spec] = stack.enter_context(cpu_server(model, a.port + i, args, log))
+        for url in urls.values():
+            asyncio.run(_ask(url, prose(1), 8))  # warm-up
+        out = []
         for name, prompts in (("code-edit", code_edits(a.prompts)), ("prose", prose(a.prompts))):
-            before = _spec_counts(url)
-            rates = asyncio.run(_ask(url, prompts, a.max_tokens))
-            after = _spec_counts(url)
-            delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-            steps = delta.get("steps", 0.0)
-            accepted = sum(v for k, v in delta.items() if k.startswith("accepted"))
-            r = {
-                "model": model.name,
-                "config": config,
-                "workload": name,
-                "decode_tok_s_median": round(statistics.median(rates), 2),
-                "decode_tok_s_mean": round(statistics.fmean(rates), 2),
-                "verified_steps": steps,
-                "accepted_per_verified_step": round(accepted / steps, 3) if steps else 0.0,
-                "by_source": {k: v for k, v in delta.items() if v},
-            }
-            print(json.dumps(r), flush=True)
-            out.append(r)
+            before = {spec: _spec_counts(url) for spec, url in urls.items()}
+            rates: dict[str, list[float]] = {spec: [] for spec in specs}
+            for p in prompts:
+                for spec, url in urls.items():
+                    rates[spec] += asyncio.run(_ask(url, [p], a.max_tokens))
+            for spec, url in urls.items():
+                after = _spec_counts(url)
+                delta = {k: v - before[spec].get(k, 0.0) for k, v in after.items()}
+                out.append(_row(model, spec, name, rates[spec], delta))
+                print(json.dumps(out[-1]), flush=True)
     return out
+
+
+def _row(model: Path, spec: str, workload: str, rates: list[float], delta: dict) -> dict:
+    steps = delta.get("steps", 0.0)
+    accepted = sum(v for k, v in delta.items() if k.startswith("accepted"))
+    return {
+        "model": model.name,
+        "config": _label(spec),
+        "workload": workload,
+        "decode_tok_s_median": round(statistics.median(rates), 2),
+        "decode_tok_s_mean": round(statistics.fmean(rates), 2),
+        "verified_steps": steps,
+        "accepted_per_verified_step": round(accepted / steps, 3) if steps else 0.0,
+        "by_source": {k: v for k, v in delta.items() if v},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,15 +124,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--port", type=int, default=8125)
     p.add_argument("--logs", default="/tmp")
+    p.add_argument(
+        "--spec", action="append", default=None, help="off, ngram or draft:PATH (repeatable)"
+    )
     a = p.parse_args(argv)
-    rows = [r for c in CONFIGS for r in run(a.model, c, a.port, a)]
-    print("\n| model | workload | off tok/s | ngram tok/s | speed-up | accepted / verified step |")
+    specs = a.spec or list(DEFAULT_CONFIGS)
+    if "off" not in specs:
+        specs.insert(0, "off")  # the baseline every speed-up is against
+    rows = run(a.model, specs, a)
+    print("\n| model | workload | config | tok/s | speed-up | accepted / verified step |")
     for w in ("code-edit", "prose"):
         off = next(r for r in rows if r["config"] == "off" and r["workload"] == w)
-        on = next(r for r in rows if r["config"] == "ngram" and r["workload"] == w)
-        x = on["decode_tok_s_mean"] / off["decode_tok_s_mean"]
-        print(f"| {a.model.name} | {w} | {off['decode_tok_s_mean']} | {on['decode_tok_s_mean']} "
-              f"| {x:.2f}x | {on['accepted_per_verified_step']} |")  # fmt: skip
+        for on in (r for r in rows if r["config"] != "off" and r["workload"] == w):
+            x = on["decode_tok_s_mean"] / off["decode_tok_s_mean"]
+            print(f"| {a.model.name} | {w} | {on['config']} | {on['decode_tok_s_mean']} "
+                  f"(off {off['decode_tok_s_mean']}) | {x:.2f}x "
+                  f"| {on['accepted_per_verified_step']} |")  # fmt: skip
     return 0
 
 

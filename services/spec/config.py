@@ -28,6 +28,11 @@ class SpecConfig:
     table_max_ngrams: int = TABLE_MAX_NGRAMS  # 0: no domain tables
     metrics_port: int = 0  # 0: no Prometheus endpoint
     summary_interval_s: float = 30.0
+    draft: str = ""  # a draft model's GGUF ("": no draft-model proposer)
+    draft_device: str = "cpu"  # cpu or cuda:N
+    draft_threads: int = 0  # its CPU threads (0: torch's default)
+    draft_kv_blocks: int = 0  # its KV pool's blocks of 16 tokens (0: 256 MiB of them)
+    target: str = ""  # the served model's GGUF, whose vocabulary the draft must have
 
 
 def default_table_dir() -> str:
@@ -54,7 +59,28 @@ def parse_spec_args(argv: list[str] | None, description: str | None = None) -> S
         help="domain tables' entries, all domains; 0 turns them off",
     )
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on 127.0.0.1")
+    p.add_argument("--draft", default="", help="a draft model's GGUF (the target's vocabulary)")
+    p.add_argument("--draft-device", default="cpu", help="the draft model's device: cpu, cuda:N")
+    p.add_argument(
+        "--draft-threads", type=int, default=0, help="its CPU threads (0: torch's default)"
+    )
+    p.add_argument(
+        "--draft-kv-blocks",
+        type=int,
+        default=0,
+        help="its KV pool, in blocks of 16 tokens (0: 256 MiB); the least recently asked "
+        "sequences' K/V go when it is full",
+    )
+    p.add_argument(
+        "--target",
+        default="",
+        help="the served model's GGUF: the draft's vocabulary is checked against it at start",
+    )
     a = p.parse_args(argv)
+    if a.draft_device != "cpu" and not a.draft_device.startswith("cuda"):
+        p.error(f"--draft-device: cpu or cuda:N, not {a.draft_device!r}")
+    if a.draft_threads < 0 or a.draft_kv_blocks < 0:
+        p.error("--draft-threads and --draft-kv-blocks must be >= 0")
     if a.max_seqs < 1 or a.max_tokens < 1:
         p.error("--max-seqs and --max-tokens must be at least 1")
     if a.table_max_ngrams < 0:
@@ -70,4 +96,9 @@ def parse_spec_args(argv: list[str] | None, description: str | None = None) -> S
         table_dir=os.path.expanduser(a.table_dir or default_table_dir()),
         table_max_ngrams=a.table_max_ngrams,
         metrics_port=a.metrics_port,
+        draft=os.path.expanduser(a.draft) if a.draft else "",
+        draft_device=a.draft_device,
+        draft_threads=a.draft_threads,
+        draft_kv_blocks=a.draft_kv_blocks,
+        target=os.path.expanduser(a.target) if a.target else "",
     )

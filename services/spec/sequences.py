@@ -10,6 +10,7 @@ worker whose sequence was evicted learns it from `unknown` and resends it whole.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.spec.prompt_lookup import PromptLookup
@@ -32,6 +33,7 @@ class LiveSequences:
         self._seqs: OrderedDict[Key, LiveSeq] = OrderedDict()  # least recently asked first
         self.tokens = 0  # held in all
         self.evicted = 0
+        self.on_evict: Callable[[Key], None] | None = None  # hears of each sequence evicted
 
     def __len__(self) -> int:
         return len(self._seqs)
@@ -75,6 +77,8 @@ class LiveSequences:
         while len(self._seqs) > self.max_seqs or (
             self.tokens > self.max_tokens and len(self._seqs) > 1
         ):
-            _, live = self._seqs.popitem(last=False)
+            key, live = self._seqs.popitem(last=False)
             self.tokens -= len(live.lookup)
             self.evicted += 1
+            if self.on_evict is not None:
+                self.on_evict(key)

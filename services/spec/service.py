@@ -4,10 +4,15 @@ so tests drive it directly).
 - `SpecAsk` -> one `SpecDrafts` on the same identity: each `SpecSeq` updates the sequence's copy
   (start 0: replaced; start > 0: cut there and extended) and, when k > 0, gets a draft of up to
   k tokens (at most `max_draft`) continuing its length: its prompt lookup's ("prompt"), else,
-  for a sequence with a `domain`, that domain table's ("table"). An item with no copy from its
-  start on goes to `unknown` (the worker resends it from 0) and gets none.
-- `SpecEnd`: the sequences are forgotten; a finished sequence with a domain first teaches that
-  domain's table its output (a sequence evicted by the bound teaches nothing). No reply.
+  for a sequence with a `domain`, that domain table's ("table"), else, with a draft model, its
+  greedy guesses ("draft"; the ask's sequences that need it in one batch). The n-gram proposers
+  go first because they are free (microseconds) and, where they match, long and often right (a
+  code edit copies its prompt); the draft model costs a forward per guessed token, so it runs
+  only where they find nothing. An item with no copy from its start on goes to `unknown` (the
+  worker resends it from 0) and gets none.
+- `SpecEnd`: the sequences are forgotten (the draft model's K/V of them freed); a finished
+  sequence with a domain first teaches that domain's table its output (a sequence evicted by
+  the bound teaches nothing). No reply.
 - A malformed message is counted and ignored; it never stops the loop.
 
 The loop answers in arrival order, so an ask waits behind the ones before it: a sequence's
@@ -21,6 +26,7 @@ import contextlib
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -39,6 +45,9 @@ from shared.protocol import (
     encoder,
 )
 
+if TYPE_CHECKING:  # torch and the model code load only with a draft model
+    from services.spec.draft_model import DraftModel
+
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _LOGGED_ERRORS = 10  # malformed messages described on stderr before going quiet
 
@@ -54,8 +63,12 @@ class SpecService:
         stats: SpecStats,
         max_draft: int,
         tables: DomainTables | None = None,
+        draft: DraftModel | None = None,
     ) -> None:
         self.seqs, self.stats, self.max_draft, self.tables = seqs, stats, max_draft, tables
+        self.draft = draft
+        if draft is not None:
+            seqs.on_evict = draft.forget
         self._decode = decoder(WorkerToSpec).decode
 
     def handle(self, frames: list[bytes]) -> list[bytes | SpecToWorker]:
@@ -78,26 +91,49 @@ class SpecService:
         self.stats.asks += 1
         drafts: list[SpecDraft] = []
         unknown: list[int] = []
+        to_model: list[tuple[tuple[bytes, int], list[int], int]] = []
         for item in msg.seqs:
             self.stats.seqs_asked += 1
             live = self.seqs.update(who, item)
             if live is None:
                 unknown.append(item.seq_id)
                 continue
+            if self.draft is not None:
+                self.draft.cut((who, item.seq_id), item.start)
             k = min(item.k, self.max_draft)
             tokens, source = live.lookup.propose(k), "prompt"
             if not tokens and k > 0 and live.domain and self.tables is not None:
                 tokens, source = self.tables.propose(live.domain, live.lookup.tokens, k), "table"
-            if tokens:
-                drafts.append(SpecDraft(item.seq_id, len(live.lookup), tokens, source))
-                self.stats.drafts[source] += 1
-                self.stats.draft_tokens[source] += len(tokens)
+            if not tokens and k > 0 and self.draft is not None:
+                to_model.append(((who, item.seq_id), live.lookup.tokens, k))
+            self._add(drafts, SpecDraft(item.seq_id, len(live.lookup), tokens, source))
+        if to_model and (guesses := self._guess(to_model)):
+            for (key, seq_tokens, _), tokens in zip(to_model, guesses, strict=True):
+                self._add(drafts, SpecDraft(key[1], len(seq_tokens), tokens, "draft"))
         self.stats.unknown += len(unknown)
         return SpecDrafts(drafts, unknown)
+
+    def _guess(self, asks: list) -> list[list[int]] | None:
+        """The draft model's guesses; None when it failed (the n-gram drafts still go)."""
+        try:
+            return self.draft.propose(asks)
+        except Exception as e:  # noqa: BLE001 - a failing draft model must not stop the answers
+            self.stats.draft_errors += 1
+            if self.stats.draft_errors <= _LOGGED_ERRORS:
+                _log(f"draft model failed ({type(e).__name__}: {e}); answered without it")
+            return None
+
+    def _add(self, drafts: list[SpecDraft], draft: SpecDraft) -> None:
+        if draft.tokens:
+            drafts.append(draft)
+            self.stats.drafts[draft.source] += 1
+            self.stats.draft_tokens[draft.source] += len(draft.tokens)
 
     def _end(self, who: bytes, msg: SpecEnd) -> None:
         for seq_id in msg.seq_ids:
             live = self.seqs.end(who, seq_id)
+            if self.draft is not None:
+                self.draft.forget((who, seq_id))
             if live is None:
                 continue
             self.stats.ends += 1
@@ -113,10 +149,15 @@ def serve(config: SpecConfig) -> int:
     sys.setswitchinterval(0.0005)
     seqs = LiveSequences(config.max_seqs, config.max_tokens, config.ngram_min, config.ngram_max)
     stats = SpecStats()
+    try:
+        draft = _load_draft(config)
+    except (ValueError, OSError) as e:  # a vocabulary mismatch, a bad GGUF, a missing file
+        _log(f"cannot start the draft model: {e}")
+        return 2
     tables = DomainTables(
         config.table_dir, config.table_max_ngrams, config.ngram_min, config.ngram_max
     )
-    service = SpecService(seqs, stats, config.max_draft, tables)
+    service = SpecService(seqs, stats, config.max_draft, tables, draft)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -129,12 +170,15 @@ def serve(config: SpecConfig) -> int:
             _log(f"cannot bind {config.endpoint} ({e})")
             return 2
         if config.metrics_port:
-            serve_metrics(config.metrics_port, stats, seqs, tables)
+            serve_metrics(config.metrics_port, stats, seqs, tables, draft)
         where = f"at {config.table_dir} ({tables.ngrams} n-grams)" if tables.enabled else "off"
+        model = "off"
+        if draft is not None:
+            model = f"{config.draft} on {config.draft_device} ({draft.n_layers} layers)"
         _log(
             f"ready at {config.endpoint}, prompt lookup over n-grams {config.ngram_min}.."
             f"{config.ngram_max}, up to {config.max_seqs} sequences and {config.max_tokens} "
-            f"tokens, domain tables {where}"
+            f"tokens, domain tables {where}, draft model {model}"
         )
         _loop(sock, service, config.summary_interval_s, stopping)
         return 0
@@ -146,12 +190,32 @@ def serve(config: SpecConfig) -> int:
         tables.close()
 
 
+def _load_draft(config: SpecConfig) -> DraftModel | None:
+    """The draft model, its vocabulary checked against the target's first (no draft: None)."""
+    if not config.draft:
+        return None
+    from services.spec.vocab_check import check_vocab  # the GGUF reader: with a draft only
+
+    if config.target:
+        size = check_vocab(config.draft, config.target)
+        _log(f"draft model {config.draft}: the vocabulary of {config.target} ({size} tokens)")
+    else:
+        _log(f"no --target: the vocabulary of the draft model {config.draft} is not checked")
+    import torch
+
+    from services.spec.draft_model import DraftModel
+
+    if config.draft_device == "cpu" and config.draft_threads:
+        torch.set_num_threads(config.draft_threads)
+    return DraftModel(config.draft, config.draft_device, config.draft_kv_blocks)
+
+
 def _loop(sock: zmq.Socket, service: SpecService, every_s: float, stopping: list) -> None:
     encode = encoder().encode
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
-    stats, seqs, tables = service.stats, service.seqs, service.tables
-    last_log, last_seen = time.monotonic(), snapshot(stats, seqs, tables)
+    stats, seqs, tables, draft = service.stats, service.seqs, service.tables, service.draft
+    last_log, last_seen = time.monotonic(), snapshot(stats, seqs, tables, draft)
     while not stopping:
         if poller.poll(500):
             for _ in range(256):  # a bounded drain, so the summary and signals get their turn
@@ -166,7 +230,7 @@ def _loop(sock: zmq.Socket, service: SpecService, every_s: float, stopping: list
         now = time.monotonic()
         if now - last_log >= every_s:
             last_log = now
-            seen = snapshot(stats, seqs, tables)
+            seen = snapshot(stats, seqs, tables, draft)
             if seen != last_seen:
                 last_seen = seen
-                print(summary(stats, seqs, tables), file=sys.stderr, flush=True)
+                print(summary(stats, seqs, tables, draft), file=sys.stderr, flush=True)

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.launch.devices import cpu_count, resolve_devices
+from shared.launch.spec_flag import HELP as SPEC_HELP
+from shared.launch.spec_flag import parse_spec, spec_service_argv
+from shared.launch.spec_flag import worker_args as spec_worker_args
 
 DTYPES = ("float32", "float16", "bfloat16")
 # The checkout this module runs from; children get it on PYTHONPATH so that they run the same code
@@ -50,7 +53,7 @@ class ServeConfig:
     kv_ram_gb: float | None = None
     kv_disk_gb: float | None = None
     kv_disk_dir: str | None = None
-    spec: str = "ngram"  # the spec service's proposers for the workers' drafts, or "off"
+    spec: str = "ngram"  # the spec service's proposers (ngram, draft:PATH), or "off"
     spec_max_tokens: int | None = None  # None: the workers' default
     stop_timeout_s: float = 10.0  # SIGTERM to SIGKILL
 
@@ -212,13 +215,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the disk tier's directory (default: the cache directory's kv/; it outlives restarts)",
     )
-    p.add_argument(
-        "--spec",
-        default="ngram",
-        choices=["ngram", "off"],
-        help="speculative decoding: drafts from the spec service's n-gram proposers (prompt "
-        "lookup), verified in the decode steps of CPU workers (default ngram), or off",
-    )
+    p.add_argument("--spec", default="ngram", type=parse_spec, help=SPEC_HELP)
     p.add_argument(
         "--spec-max-tokens",
         type=int,
@@ -348,8 +345,8 @@ def plan_processes(
     # device (W5); by hand, a GPU worker's `--spec` works
     spec_devices = [d for d in devices if d == "cpu"]
     if endpoints.spec and config.spec != "off" and spec_devices:
-        services["spec"] = [python, "-m", "services.spec", "--endpoint", endpoints.spec]
-    spec_extra = (
+        services["spec"] = spec_service_argv(python, endpoints.spec, config.spec, model)
+    spec_extra = spec_worker_args(config.spec) + (
         ["--spec-max-tokens", str(config.spec_max_tokens)] if config.spec_max_tokens else []
     )
     roles = [("worker", "services.decode", d) for d in devices]

@@ -34,6 +34,7 @@ class WorkerConfig:
     spec: str = ""  # the spec service's ROUTER (draft proposals); "": no speculation
     spec_max_tokens: int = 8  # the longest draft a step verifies
     spec_max_batch: int = 16  # more running sequences than this: no speculation
+    spec_wait_ms: float = 0.0  # a step's wait for proposals (0: a tenth of a step, <= 2 ms)
     stages: tuple[str, ...] = ()  # pipeline stages after `device`: their devices
     layer_split: tuple[int, ...] = ()  # layers per stage, `device`'s first (empty: planned)
     memory_gib: tuple[float, ...] = ()  # with stages: each stage's memory cap, `device`'s first
@@ -159,6 +160,14 @@ def parse_worker_args(
         "--spec-max-tokens", type=int, default=8, help="the longest draft a step verifies"
     )
     p.add_argument(
+        "--spec-wait-ms",
+        type=float,
+        default=0.0,
+        help="the longest a step waits for the spec service's proposals (default 0: a tenth of "
+        "the last step, at most 2 ms, for the n-gram proposers; a draft model needs its "
+        "guesses' time)",
+    )
+    p.add_argument(
         "--spec-max-batch",
         type=int,
         default=16,
@@ -217,6 +226,7 @@ def parse_worker_args(
         spec=a.spec,
         spec_max_tokens=a.spec_max_tokens,
         spec_max_batch=a.spec_max_batch,
+        spec_wait_ms=a.spec_wait_ms,
         stages=tuple(d.strip() for d in a.stages.split(",") if d.strip()),
         layer_split=_counts(p, a.layer_split),
         memory_gib=_gibs(p, a.memory_gib),

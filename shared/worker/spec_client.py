@@ -4,7 +4,11 @@ up, the proposals down, never a step held up for long.
 After a step the worker sends one `SpecAsk` with the tokens each speculating sequence gained
 (the service keeps a copy of every sequence: a sequence's tokens go up once) and how many to
 propose; before the next step it takes the `SpecDrafts` that came back, waiting at most a short
-grace (a fraction of a step, ``wait_s``) for an answer still out. A draft that continues a
+grace for an answer still out: a fraction of a step (at most ``WAIT_MAX_S``) for the n-gram
+proposers, which answer in microseconds; a set ``wait_s`` (`--spec-wait-ms`, which `skiff serve
+--spec draft:PATH` sets) for a draft model, whose guesses take a forward each: every answer
+still out is waited for, up to it. The worker's cores are idle meanwhile, which on a CPU is
+what the draft model runs on. A draft that continues a
 sequence's current length becomes its `Sequence.draft`; a late one (for an older length) is
 dropped. When the service is gone (a send that cannot leave: the socket has no connected peer,
 ``IMMEDIATE``), or silent for ``DEAD_AFTER_S``, the worker decodes without proposals, asks again
@@ -40,7 +44,12 @@ WAIT_FRACTION = 0.1  # of the last step's time
 
 class SpecClient:
     def __init__(
-        self, ctx: zmq.Context, endpoint: str, worker_id: str, log: Callable[[str], None]
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        worker_id: str,
+        log: Callable[[str], None],
+        wait_s: float = 0.0,
     ) -> None:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, f"{worker_id}-{uuid.uuid4().hex[:8]}".encode())
@@ -56,6 +65,9 @@ class SpecClient:
         self._down = False
         self._last_try = 0.0
         self.stats: Counter[str] = Counter()
+        # > 0: the grace is this, for every answer still out (a draft model's guesses take
+        # forwards of their own: a step that went on without them would find them late)
+        self.wait_s = wait_s
 
     @property
     def up(self) -> bool:
@@ -106,10 +118,20 @@ class SpecClient:
 
     def collect(self, seqs: dict[int, Sequence], last_step_s: float) -> None:
         """Takes the answers that came; waits up to a grace for one still out."""
-        wait = min(WAIT_MAX_S, WAIT_FRACTION * last_step_s) if self._out and not self._down else 0
+        grace = self.wait_s or min(WAIT_MAX_S, WAIT_FRACTION * last_step_s)
+        wait = grace if self._out and not self._down else 0
+        deadline = time.monotonic() + wait
         if wait and not self.sock.poll(wait * 1000):
             self.stats["late"] += 1
             return
+        self._drain(seqs)
+        while self.wait_s and self._out and (left := deadline - time.monotonic()) > 0:
+            if not self.sock.poll(left * 1000):
+                self.stats["late"] += 1
+                return
+            self._drain(seqs)
+
+    def _drain(self, seqs: dict[int, Sequence]) -> None:
         while True:
             try:
                 frame = self.sock.recv(zmq.NOBLOCK)

@@ -343,7 +343,7 @@ def run_worker(cfg: WorkerConfig, handoff: HandOffFactory | None = None) -> int:
             raise SystemExit(
                 f"--spec-max-tokens must be 1..{ROW_WISE_QUERIES - 1}, got {cfg.spec_max_tokens}"
             )
-        spec = SpecClient(ctx, cfg.spec, wid, lambda msg: log(wid, msg))
+        spec = SpecClient(ctx, cfg.spec, wid, lambda msg: log(wid, msg), cfg.spec_wait_ms / 1e3)
         log(wid, f"speculation: drafts of up to {cfg.spec_max_tokens} tokens from {cfg.spec}")
     role = None
     if handoff is not None:

@@ -39,6 +39,10 @@ typedef struct {
 typedef struct {
     const float* attn_norm;
     const float* ffn_norm;
+    const float* q_norm;         /* per-head RMSNorm of q and k before RoPE (NULL: none) */
+    const float* k_norm;
+    const float* post_attn_norm; /* Gemma 3: norms after attention and the MLP, added to x */
+    const float* post_ffn_norm;  /* (NULL: Llama's residual stream) */
     skiff_qpart qkv[3];
     int n_qkv;
     skiff_qpart wo;
@@ -79,6 +83,61 @@ static void parts_matmul(const skiff_qpart* parts, int n_parts, const float* x, 
     }
 }
 
+/* q, k, v out of a row of the fused projection's product; QK-norm per head where the layer
+   has it (in place: each row's sum of squares is taken before it is overwritten) */
+static void split_qkv(const skiff_layer* L, const skiff_step* s, const float* qkv, float* q,
+                      float* k, float* v) {
+    int t = s->t, qd = s->hq * s->hd, kvd = s->hk * s->hd;
+    long qkv_w = qd + 2L * kvd;
+    for (int r = 0; r < t; r++) {
+        const float* row = qkv + (size_t)r * qkv_w;
+        memcpy(q + (size_t)r * qd, row, sizeof(float) * qd);
+        memcpy(k + (size_t)r * kvd, row + qd, sizeof(float) * kvd);
+        memcpy(v + (size_t)r * kvd, row + qd + kvd, sizeof(float) * kvd);
+    }
+    if (L->q_norm != NULL) {
+        skiff_add_rms_norm(q, NULL, L->q_norm, s->eps, t * s->hq, s->hd, q, NULL);
+        skiff_add_rms_norm(k, NULL, L->k_norm, s->eps, t * s->hk, s->hd, k, NULL);
+    }
+}
+
+/* RoPE and the KV write, attention into o */
+static void attend(const skiff_layer* L, const skiff_step* s, float* q, float* k, float* v,
+                   float* o) {
+    skiff_rope_kv(q, k, v, s->positions, s->t, s->hq, s->hk, s->hd, L->rope_dim, L->inv_freq,
+                  L->rope_scale, s->neox, L->k_cache, L->v_cache, s->slots, s->half_cache);
+    skiff_attention(q, L->k_cache, L->v_cache, s->half_cache, s->block_tables, s->width,
+                    s->qstart, s->seq_lens, s->n_seqs, s->hq, s->hk, s->hd, s->block_size,
+                    s->attn_scale, L->window, o);
+}
+
+/* x += RMSNorm(y) with weight w, rows of d (y's norm into tmp) */
+static void add_normed(float* x, const float* y, const float* w, const skiff_step* s,
+                       float* tmp) {
+    long n = (long)s->t * s->d_model;
+    skiff_add_rms_norm(y, NULL, w, s->eps, s->t, s->d_model, tmp, NULL);
+    for (long i = 0; i < n; i++) x[i] = x[i] + tmp[i];
+}
+
+/* Gemma 3's layer (shared/model/gemma3.py): h = x + norm(attn(norm(x))), then
+   x = h + norm(mlp(norm(h))) */
+static void gemma_layer(const skiff_layer* L, const skiff_step* s, float* x, float* h,
+                        float* qkv, float* q, float* k, float* v, float* o, float* gu,
+                        float* mid, float* tmp) {
+    int t = s->t, d = s->d_model, qd = s->hq * s->hd, f = s->ffn;
+    skiff_add_rms_norm(x, NULL, L->attn_norm, s->eps, t, d, h, NULL);
+    parts_matmul(L->qkv, L->n_qkv, h, t, d, qkv, qd + 2L * s->hk * s->hd, s->simd);
+    split_qkv(L, s, qkv, q, k, v);
+    attend(L, s, q, k, v, o);
+    parts_matmul(&L->wo, 1, o, t, qd, h, d, s->simd); /* h: the attention's output */
+    add_normed(x, h, L->post_attn_norm, s, tmp);
+    skiff_add_rms_norm(x, NULL, L->ffn_norm, s->eps, t, d, h, NULL);
+    parts_matmul(L->gate_up, L->n_gate_up, h, t, d, gu, 2L * f, s->simd);
+    skiff_gated_act(gu, gu + f, 2L * f, t, f, s->gelu, mid);
+    parts_matmul(&L->down, 1, mid, t, f, h, d, s->simd);
+    add_normed(x, h, L->post_ffn_norm, s, tmp);
+}
+
 /* x [t, d] in: the previous layer's output (the embedding before the first); residual [t, d]:
    the stream before it (has_residual 0: none yet, x is the stream). Out: x the last layer's
    output, residual the stream it adds to (always set). */
@@ -97,6 +156,10 @@ void skiff_llama_layers(const skiff_layer* layers, int n_layers, const skiff_ste
     float* mid = malloc(sizeof(float) * (size_t)t * f);
     for (int l = 0; l < n_layers; l++) {
         const skiff_layer* L = &layers[l];
+        if (L->post_attn_norm != NULL) { /* Gemma 3: x is the stream, no residual beside it */
+            gemma_layer(L, s, x, h, qkv, q, k, v, o, gu, mid, sum);
+            continue;
+        }
         if (has_residual) {
             skiff_add_rms_norm(x, residual, L->attn_norm, s->eps, t, d, h, sum);
             memcpy(residual, sum, sizeof(float) * (size_t)t * d);
@@ -106,17 +169,8 @@ void skiff_llama_layers(const skiff_layer* layers, int n_layers, const skiff_ste
             has_residual = 1;
         }
         parts_matmul(L->qkv, L->n_qkv, h, t, d, qkv, qkv_w, s->simd);
-        for (int r = 0; r < t; r++) {
-            const float* row = qkv + (size_t)r * qkv_w;
-            memcpy(q + (size_t)r * qd, row, sizeof(float) * qd);
-            memcpy(k + (size_t)r * kvd, row + qd, sizeof(float) * kvd);
-            memcpy(v + (size_t)r * kvd, row + qd + kvd, sizeof(float) * kvd);
-        }
-        skiff_rope_kv(q, k, v, s->positions, t, s->hq, s->hk, s->hd, L->rope_dim, L->inv_freq,
-                      L->rope_scale, s->neox, L->k_cache, L->v_cache, s->slots, s->half_cache);
-        skiff_attention(q, L->k_cache, L->v_cache, s->half_cache, s->block_tables, s->width,
-                        s->qstart, s->seq_lens, s->n_seqs, s->hq, s->hk, s->hd, s->block_size,
-                        s->attn_scale, L->window, o);
+        split_qkv(L, s, qkv, q, k, v);
+        attend(L, s, q, k, v, o);
         parts_matmul(&L->wo, 1, o, t, qd, x, d, s->simd); /* x: the attention's output now */
         skiff_add_rms_norm(x, residual, L->ffn_norm, s->eps, t, d, h, sum);
         memcpy(residual, sum, sizeof(float) * (size_t)t * d);

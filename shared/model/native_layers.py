@@ -1,12 +1,12 @@
-"""A Llama-family model's decoder layers on the CPU in one call of the compiled library
+"""A Llama-family or Gemma 3 model's decoder layers on the CPU in one call of the compiled library
 (shared/cpu/layers.c) instead of ~10 ops a layer through Python: the same ops in the same
 order, so the same values bit for bit; the step saves the calls' overhead (SmolLM2's decode
 step spent ~7 of its 16 ms in Python and torch's allocator between the ops).
 
-Taken where every layer is plain: the native ops (NativeOps), every projection multiplied
-from its GGUF blocks (QuantLinear.native), no QK-norm, a float32 or float16 cache, float32
-activations on the CPU. Anything else keeps the modules' path (``NativeLayers.build`` answers
-None, or ``run`` declines a step).
+Taken for the Llama family (QK-norm and biases included) and Gemma 3, where every projection
+is multiplied from its GGUF blocks (QuantLinear.native) by the native ops (NativeOps), over a
+float32 or float16 cache, with float32 activations on the CPU. Anything else keeps the modules'
+path (``NativeLayers.build`` answers None, or ``run`` declines a step).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ class _Part(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [
-        ("attn_norm", _P), ("ffn_norm", _P), ("qkv", _Part * 3), ("n_qkv", _I), ("wo", _Part),
-        ("gate_up", _Part * 2), ("n_gate_up", _I), ("down", _Part), ("k_cache", _P),
+        ("attn_norm", _P), ("ffn_norm", _P), ("q_norm", _P), ("k_norm", _P),
+        ("post_attn_norm", _P), ("post_ffn_norm", _P), ("qkv", _Part * 3), ("n_qkv", _I),
+        ("wo", _Part), ("gate_up", _Part * 2), ("n_gate_up", _I), ("down", _Part), ("k_cache", _P),
         ("v_cache", _P), ("rope_dim", _I), ("inv_freq", _P), ("rope_scale", _F), ("window", _I),
     ]  # fmt: skip
 
@@ -61,9 +62,10 @@ def _part(p: QuantLinear) -> _Part:
 class NativeLayers:
     """The layers' pointers, made once (weights, norms, RoPE angles; the caches per pool)."""
 
-    def __init__(self, model, lib: ctypes.CDLL, layers: list[tuple]) -> None:
+    def __init__(self, model, lib: ctypes.CDLL, layers: list[tuple], gemma: bool) -> None:
         self.model, self.lib = model, lib
-        self._layers = layers  # (attn_norm, ffn_norm, qkv parts, wo, gate_up parts, down, ...)
+        self._layers = layers  # (norms, qkv parts, wo, gate_up parts, down, attention)
+        self.gemma = gemma  # Gemma 3's layers: GELU, norms after, x the only stream
         self._tables: dict[int, ctypes.Array] = {}  # by the KV pool's id
 
     @classmethod
@@ -75,21 +77,22 @@ class NativeLayers:
         if getattr(ops, "name", "") != "native" or not model.layers:
             return None
         layers = []
+        gemma = hasattr(model.layers[0], "post_attn_norm")  # norms after, no residual stream
         for layer in model.layers:
             attn, mlp = layer.attn, layer.mlp
             qkv, wo = _parts(attn.qkv), _parts(attn.wo)
             gate_up = _parts(mlp.gate_up) if mlp.gated is None else None
             down = _parts(mlp.down)
-            if attn.q_norm is not None or None in (qkv, wo, gate_up, down):
+            if None in (qkv, wo, gate_up, down) or len(qkv) > 3 or len(gate_up) > 2:
                 return None
-            if len(qkv) > 3 or len(gate_up) > 2:
-                return None
-            vectors = [layer.attn_norm, layer.ffn_norm]
+            norms = [layer.attn_norm, layer.ffn_norm, attn.q_norm, attn.k_norm]
+            norms += [layer.post_attn_norm, layer.post_ffn_norm] if gemma else [None, None]
+            vectors = [v for v in norms if v is not None]
             vectors += [p.bias for p in qkv + wo + gate_up + down if p.bias is not None]
             if any(v.dtype != _F32 or not v.is_contiguous() for v in vectors):
                 return None
-            layers.append((layer.attn_norm, layer.ffn_norm, qkv, wo[0], gate_up, down[0], attn))
-        return cls(model, ops.lib, layers)
+            layers.append((norms, qkv, wo[0], gate_up, down[0], attn))
+        return cls(model, ops.lib, layers, gemma)
 
     def _table(self, kv: KVPool) -> ctypes.Array:
         table = self._tables.get(id(kv))
@@ -97,11 +100,13 @@ class NativeLayers:
             return table
         ops = self.model.ops
         table = (_Layer * len(self._layers))()
-        for i, (an, fn, qkv, wo, gu, down, attn) in enumerate(self._layers):
+        for i, (norms, qkv, wo, gu, down, attn) in enumerate(self._layers):
             dim, base, scale, factors = attn.rope
             angles = ops._angles(dim, base, factors)
             L = table[i]
-            L.attn_norm, L.ffn_norm = an.data_ptr(), fn.data_ptr()
+            ptrs = [None if v is None else v.data_ptr() for v in norms]
+            L.attn_norm, L.ffn_norm, L.q_norm, L.k_norm = ptrs[:4]
+            L.post_attn_norm, L.post_ffn_norm = ptrs[4:]
             for j, p in enumerate(qkv):
                 L.qkv[j] = _part(p)
             L.n_qkv = len(qkv)
@@ -127,8 +132,8 @@ class NativeLayers:
 
     def run(
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, residual) after every layer: LlamaForCausalLM.run_layers' result."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(x, residual) after every layer: run_layers' result (Gemma 3: no residual)."""
         cfg = self.model.cfg
         t = x.shape[0]
         out = x.contiguous().clone()
@@ -138,7 +143,7 @@ class NativeLayers:
         qstart, seq_lens = batch.query_start_loc_t.contiguous(), batch.seq_lens_t.contiguous()
         step = _Step(
             t, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.ffn_dim,
-            int(cfg.rope_neox), int(kv.k[0].dtype == torch.float16), 0, cfg.rms_eps,
+            int(cfg.rope_neox), int(kv.k[0].dtype == torch.float16), int(self.gemma), cfg.rms_eps,
             cfg.attn_scale, positions.data_ptr(), slots.data_ptr(), tables.data_ptr(),
             tables.shape[1], qstart.data_ptr(), seq_lens.data_ptr(), len(batch.seq_lens),
             kv.k[0].shape[1], 1,
@@ -147,4 +152,4 @@ class NativeLayers:
             self._table(kv), len(self._layers), ctypes.byref(step), out.data_ptr(),
             res.data_ptr(), int(residual is not None),
         )  # fmt: skip
-        return out, res
+        return out, (None if self.gemma else res)

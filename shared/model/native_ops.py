@@ -42,8 +42,9 @@ class NativeOps(TorchOps):
         self._inv_freq: dict[tuple, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        if not _f32(x, w) or not (x.is_contiguous() and w.is_contiguous()):
+        if not _f32(x, w) or not w.is_contiguous():
             return super().rms_norm(x, w, eps)
+        x = x.contiguous()  # a strided view (QK-norm's heads of the fused projection): copied
         out = torch.empty_like(x)
         d = x.shape[-1]
         self.lib.skiff_add_rms_norm(

@@ -126,8 +126,18 @@ class Staging:
         return out
 
 
-def _on_host(kv: KVPool) -> bool:
-    return not kv.k[0].is_cuda
+def _staging(kv: KVPool, blocks: list[int], bufs: list[torch.Tensor], staging: Staging | None,
+             one) -> Staging | None:  # fmt: skip
+    """The staging buffer a batched copy goes through (one made for the call if none is
+    given); None when the pool is on the host and none is given: then each block was copied
+    straight, piece by piece, by `one` (save_block or load_block)."""
+    if len(blocks) != len(bufs):
+        raise ValueError(f"{len(blocks)} blocks for {len(bufs)} buffers")
+    if staging is None and not kv.k[0].is_cuda:
+        for block, buf in zip(blocks, bufs, strict=True):
+            one(kv, block, buf)
+        return None
+    return staging or Staging(kv, min(STAGING_BYTES, len(blocks) * block_bytes(kv)))
 
 
 def save_blocks(
@@ -139,13 +149,9 @@ def save_blocks(
     buffer (one made for this call if none is given), then one device->host copy per block,
     all queued on the current stream; the caller waits for them (an event) before anyone
     reads the bufs."""
-    if len(blocks) != len(bufs):
-        raise ValueError(f"{len(blocks)} blocks for {len(bufs)} buffers")
-    if staging is None and _on_host(kv):  # no staging: straight copies, piece by piece
-        for block, buf in zip(blocks, bufs, strict=True):
-            save_block(kv, block, buf)
+    st = _staging(kv, blocks, bufs, staging, save_block)
+    if st is None:
         return
-    st = staging or Staging(kv, min(STAGING_BYTES, len(blocks) * block_bytes(kv)))
     for first, ids in st.groups(blocks):
         n = ids.shape[0]
         for src, (lo, hi) in zip(st.pool, st.ranges, strict=True):
@@ -162,13 +168,9 @@ def load_blocks(
     host->device copy per block into the staging buffer, then one indexed copy per pool
     tensor for the group; queued on the current stream (the bufs stay untouched until an
     event after this has passed)."""
-    if len(blocks) != len(bufs):
-        raise ValueError(f"{len(blocks)} blocks for {len(bufs)} buffers")
-    if staging is None and _on_host(kv):  # no staging: straight copies, piece by piece
-        for block, buf in zip(blocks, bufs, strict=True):
-            load_block(kv, block, buf)
+    st = _staging(kv, blocks, bufs, staging, load_block)
+    if st is None:
         return
-    st = staging or Staging(kv, min(STAGING_BYTES, len(blocks) * block_bytes(kv)))
     for first, ids in st.groups(blocks):
         n = ids.shape[0]
         for row in range(n):

@@ -14,6 +14,7 @@ from torch import nn
 from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.config import ModelConfig
+from shared.model.native_layers import NativeLayers
 from shared.model.weights import WeightLoader
 
 
@@ -83,10 +84,26 @@ class CausalLM(nn.Module):
         (None: x is the stream); with rounded (the LM head's int8 rounding of the final norm,
         made in the last GEMV's epilogue) the residual holds the stream and stands in for the
         normed rows, which the head does not read. `residual` in: the previous stage's (None
-        at the first layer)."""
+        at the first layer). On the CPU, where the library takes every layer, in one call of
+        it (shared.model.native_layers: the same values); else through the modules."""
+        native = self._native_layers()
+        if native is not None and native.usable(x, kv):
+            return *native.run(x, residual, batch, kv), None
+        return self.run_modules(x, residual, batch, kv)
+
+    def run_modules(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
+        """run_layers through the layer modules (what the architecture files override)."""
         for layer in self.layers:
             x = layer(x, batch, kv)
         return x, None, None
+
+    def _native_layers(self) -> NativeLayers | None:
+        """The layers in the CPU library's one call, where they all qualify (built once)."""
+        if "_native" not in self.__dict__:
+            self.__dict__["_native"] = NativeLayers.build(self)
+        return self.__dict__["_native"]
 
     def head_layouts(self, m: int) -> tuple[tuple[int, int], ...]:
         """The int8 layout the LM head reads m rows in, when they may be rounded ahead."""

@@ -14,7 +14,6 @@ from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
-from shared.model.native_layers import NativeLayers
 from shared.model.transformer import Attention, GatedMLP
 from shared.model.weights import WeightLoader
 
@@ -41,20 +40,6 @@ class Gemma3Layer(nn.Module):
 
 
 class Gemma3ForCausalLM(CausalLM):
-    def run_layers(
-        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
-        native = self._native_layers()
-        if native is not None and native.usable(x, kv):  # the CPU: every layer in one call
-            return *native.run(x, residual, batch, kv), None
-        return super().run_layers(x, residual, batch, kv)
-
-    def _native_layers(self) -> NativeLayers | None:
-        """The layers in the CPU library's one call, where they all qualify (built once)."""
-        if "_native" not in self.__dict__:
-            self.__dict__["_native"] = NativeLayers.build(self)
-        return self.__dict__["_native"]
-
     def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int, kv_layer: int) -> nn.Module:
         return Gemma3Layer(cfg, w, layer, kv_layer)
 

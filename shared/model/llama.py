@@ -12,7 +12,6 @@ from shared.kv import KVPool
 from shared.model.batch import ForwardBatch
 from shared.model.causal_lm import CausalLM
 from shared.model.config import ModelConfig
-from shared.model.native_layers import NativeLayers
 from shared.model.transformer import Attention, GatedMLP
 from shared.model.weights import WeightLoader
 
@@ -88,12 +87,9 @@ class LlamaLayer(nn.Module):
 class LlamaForCausalLM(CausalLM):
     residual_stream = True
 
-    def run_layers(
+    def run_modules(
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, kv: KVPool
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict | None]:
-        native = self._native_layers()
-        if native is not None and native.usable(x, kv):  # the CPU: every layer in one call
-            return *native.run(x, residual, batch, kv), None
         ahead = None
         last = len(self.layers) - 1
         # after the last layer, the final norm for the LM head when it reads every row (a
@@ -107,12 +103,6 @@ class LlamaForCausalLM(CausalLM):
 
     def make_layer(self, cfg: ModelConfig, w: WeightLoader, layer: int, kv_layer: int) -> nn.Module:
         return LlamaLayer(cfg, w, layer, self.rope_factors, kv_layer)
-
-    def _native_layers(self) -> NativeLayers | None:
-        """The layers in the CPU library's one call, where they all qualify (built once)."""
-        if "_native" not in self.__dict__:
-            self.__dict__["_native"] = NativeLayers.build(self)
-        return self.__dict__["_native"]
 
 
 class _Head:

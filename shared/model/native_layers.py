@@ -66,7 +66,7 @@ class NativeLayers:
         self.model, self.lib = model, lib
         self._layers = layers  # (norms, qkv parts, wo, gate_up parts, down, attention)
         self.gemma = gemma  # Gemma 3's layers: GELU, norms after, x the only stream
-        self._tables: dict[int, ctypes.Array] = {}  # by the KV pool's id
+        self._table_of: tuple[KVPool, ctypes.Array] | None = None  # the last pool's
 
     @classmethod
     def build(cls, model) -> NativeLayers | None:
@@ -95,9 +95,8 @@ class NativeLayers:
         return cls(model, ops.lib, layers, gemma)
 
     def _table(self, kv: KVPool) -> ctypes.Array:
-        table = self._tables.get(id(kv))
-        if table is not None and table._kv is kv:
-            return table
+        if self._table_of is not None and self._table_of[0] is kv:
+            return self._table_of[1]
         ops = self.model.ops
         table = (_Layer * len(self._layers))()
         for i, (norms, qkv, wo, gu, down, attn) in enumerate(self._layers):
@@ -117,8 +116,7 @@ class NativeLayers:
             L.k_cache, L.v_cache = kv.k[attn.layer].data_ptr(), kv.v[attn.layer].data_ptr()
             L.rope_dim, L.inv_freq, L.rope_scale = dim, angles.data_ptr(), scale
             L.window = attn.sliding_window
-        table._kv = kv  # the pool it points into (an id may be reused)
-        self._tables = {id(kv): table}
+        self._table_of = (kv, table)
         return table
 
     def usable(self, x: torch.Tensor, kv: KVPool) -> bool:
@@ -136,8 +134,10 @@ class NativeLayers:
         """(x, residual) after every layer: run_layers' result (Gemma 3: no residual)."""
         cfg = self.model.cfg
         t = x.shape[0]
-        out = x.contiguous().clone()
-        res = torch.empty_like(out) if residual is None else residual.contiguous().clone()
+        # the library writes both in place: copies (contiguous), the caller's stay as they are
+        out = x.clone(memory_format=torch.contiguous_format)
+        res = (torch.empty_like(out) if residual is None
+               else residual.clone(memory_format=torch.contiguous_format))  # fmt: skip
         positions, slots = batch.positions.contiguous(), batch.slot_mapping.contiguous()
         tables = batch.block_tables.contiguous()
         qstart, seq_lens = batch.query_start_loc_t.contiguous(), batch.seq_lens_t.contiguous()
